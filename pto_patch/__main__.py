@@ -1,0 +1,3 @@
+from pto_patch.cli import main
+
+main()

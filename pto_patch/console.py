@@ -1,0 +1,51 @@
+"""One console for the whole tool, and the one place that turns errors into messages.
+
+Results go to stdout; diagnostics (progress, warnings, errors) go to stderr.
+Set PTO_PATCH_DEBUG=1 to see the full traceback of any error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+from rich.console import Console
+
+from pto_patch.errors import EXIT_ERROR, PtoPatchError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEBUG_ENV = "PTO_PATCH_DEBUG"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "False")
+
+
+def print_json(document: Any) -> None:
+    """Print exactly one JSON document on stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def report_error(exc: BaseException, *, as_json: bool = False) -> int:
+    """Render `exc` as one line plus a hint; return the exit code to use."""
+    if isinstance(exc, PtoPatchError):
+        message, hint, code = exc.message, exc.hint, exc.exit_code
+    else:
+        message = f"unexpected error: {type(exc).__name__}: {exc}"
+        hint = f"rerun with {DEBUG_ENV}=1 for the full traceback, and report it"
+        code = EXIT_ERROR
+    if debug_enabled():
+        traceback.print_exception(exc, file=sys.stderr)
+    if as_json:
+        print_json({"error": message, "hint": hint, "exit_code": code})
+    else:
+        err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+        if hint:
+            err.print(f"[bold]hint:[/] {hint}", markup=True, highlight=False)
+    return code
