@@ -1,0 +1,69 @@
+"""Find the model folder and read its config.json, validated, with errors that say what and where."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import ModelFolderError
+from pto_patch.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: Path
+    raw_bytes: bytes
+    data: dict[str, Any]
+
+    @property
+    def model_type(self) -> str | None:
+        return self.data.get("model_type")
+
+
+def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path:
+    """--model-path, else the spec's environment variable, else the current folder; it must hold config.json."""
+    if model_path is not None:
+        folder, origin = Path(model_path), "--model-path"
+    elif os.environ.get(spec.model_path_env):
+        folder, origin = Path(os.environ[spec.model_path_env]), f"${spec.model_path_env}"
+    else:
+        folder, origin = Path.cwd(), "the current folder"
+    folder = folder.expanduser()
+    if not folder.is_dir():
+        raise ModelFolderError(
+            f"model folder {folder} (from {origin}) does not exist",
+            f"pass --model-path DIR or set {spec.model_path_env}; `pto-patch download` fetches the model",
+        )
+    if not (folder / "config.json").is_file():
+        raise ModelFolderError(
+            f"{folder} (from {origin}) has no config.json, so it is not a model folder",
+            f"pass --model-path DIR or set {spec.model_path_env} to the downloaded model's folder",
+        )
+    return folder.resolve()
+
+
+def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
+    path = Path(folder) / "config.json"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ModelFolderError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFolderError(
+            f"{path} is not valid JSON ({exc})",
+            "download the model again with `pto-patch download`",
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelFolderError(f"{path} holds no JSON object", "download the model again")
+    if data.get("model_type") != spec.model_type:
+        raise ModelFolderError(
+            f"{path} says model_type {data.get('model_type')!r}, but model '{spec.name}' needs "
+            f"{spec.model_type!r}",
+            f"point --model-path at a {spec.model_type} checkpoint, or choose another --model",
+        )
+    return ModelConfig(path=path, raw_bytes=raw, data=data)

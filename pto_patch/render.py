@@ -1,0 +1,102 @@
+"""Rendering of engine results: rich text on the terminal, or one JSON document with --json."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from pto_patch.console import err, out, print_json
+
+JSON_SCHEMA_VERSION = 1
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return _jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def document(kind: str, result: Any, **extra: Any) -> dict[str, Any]:
+    """A versioned JSON document for one command's result."""
+    body = _jsonable(result)
+    return {"schema_version": JSON_SCHEMA_VERSION, "command": kind, **body, **extra}
+
+
+def apply_result(result, *, as_json: bool) -> None:
+    if as_json:
+        doc = document("apply", result)
+        doc["files"] = [{"path": p, "action": a} for p, a in result.files]
+        print_json(doc)
+        return
+    if result.already_applied:
+        out.print(f"{result.folder} is already patched (ops: {', '.join(result.ops)}); nothing to do.")
+        return
+    if result.dry_run:
+        sys.stdout.write(result.diff)
+        err.print(
+            f"dry run: would change {len(result.files)} file(s) in {result.folder} "
+            f"(ops: {', '.join(result.ops)}); nothing written."
+        )
+        return
+    if result.rolled_back_interrupted:
+        err.print("rolled back an interrupted apply before applying again")
+    out.print(
+        f"patched {result.folder} for ops {', '.join(result.ops)} "
+        f"(source: transformers {result.release}, {result.source})"
+    )
+    added = sum(1 for _, action in result.files if action == "added")
+    out.print(f"  {len(result.files) - added} file(s) modified, {added} added, in {result.elapsed_s:.2f} s")
+    out.print("  undo with: pto-patch restore --model-path " + str(result.folder))
+
+
+def restore_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("restore", result))
+        return
+    if result.was_interrupted:
+        err.print("the folder held an interrupted apply; it was rolled back")
+    out.print(
+        f"restored {result.folder}: {len(result.restored)} file(s) put back byte for byte, "
+        f"{len(result.removed)} added file(s) removed, hashes checked, in {result.elapsed_s:.2f} s"
+    )
+    for path in result.kept_edited:
+        out.print(f"  your edited copy was kept as {path}")
+    for path in result.purged_module_caches:
+        out.print(f"  removed stale remote-code copy {path}")
+
+
+def status_result(result, *, as_json: bool) -> None:
+    if as_json:
+        doc = document("status", result, needs_reapply=result.needs_reapply)
+        doc["files"] = [{"path": p, "action": a} for p, a in result.files]
+        print_json(doc)
+        return
+    table = Table(show_header=False, box=None)
+    table.add_row("folder", str(result.folder))
+    table.add_row("spec", result.spec)
+    if result.state == "in_progress":
+        table.add_row("state", "[red]interrupted apply[/] (run pto-patch restore)")
+    else:
+        table.add_row("state", "patched" if result.patched else "not patched")
+    if result.patched:
+        table.add_row("ops", ", ".join(result.ops))
+        found = ", ".join(f"{op}: {', '.join(targets)}" for op, targets in sorted(result.ops_found.items()))
+        table.add_row("injections found", found or "[red]none[/]")
+        release = f"{result.release_at_apply} at apply, {result.release_now} now"
+        if result.needs_reapply:
+            release += " [red](changed: restore, then apply again)[/]"
+        table.add_row("transformers", release)
+        table.add_row("drifted files", ", ".join(result.drifted) or "none")
+    if result.download:
+        table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
+    out.print(table)
