@@ -123,16 +123,270 @@ def make_tiny(
     """Write a random-weight model of the spec's architecture, offline (for tests and the demo)."""
     from pto_patch import render, tiny_model
 
-    result = tiny_model.make_tiny(
-        directory, model=model, full_width=full_width, layers=layers, seed=seed
-    )
+    result = tiny_model.make_tiny(directory, model=model, full_width=full_width, layers=layers, seed=seed)
     render.make_tiny_result(result, as_json=as_json)
 
 
 # --- download (owner: download work) -----------------------------------------------------------
 
 
+@app.command()
+def download(
+    model: ModelOpt = "gutenocr_3b",
+    model_id: Annotated[
+        str | None, typer.Option("--model-id", help="Hub repository id. Default: the spec's (GutenOCR-3B).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir", help="Folder to download into. Default: the spec's $GUTENOCR_MODEL_PATH."
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Branch, tag or commit (default: main).")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Hub token. Default: $HF_TOKEN, else the saved login.")
+    ] = None,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", help="Only files matching this glob (repeatable).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="Skip files matching this glob (repeatable).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fetch the model from the Hugging Face hub (resumable) and check the folder is complete."""
+    from pto_patch import download as download_engine
+    from pto_patch import render
+
+    result = download_engine.download_model(
+        model=model,
+        model_id=model_id,
+        output_dir=output_dir,
+        revision=revision,
+        token=token,
+        include=tuple(include or ()),
+        exclude=tuple(exclude or ()),
+    )
+    render.download_result(result, as_json=as_json)
+
+
 # --- verify, bench, demo (owner: verify work) ----------------------------------------------------
+# Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
+
+PromptOpt = Annotated[
+    str | None,
+    typer.Option("--prompt", help="Prompt (default 你好; with --image GutenOCR's read-all-text prompt)."),
+]
+ImageOpt = Annotated[
+    Path | None, typer.Option("--image", help="An image to OCR, through the model's processor.")
+]
+SimplePromptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simple_prompt", "--simple-prompt", help="Send the prompt as is, without the chat template."
+    ),
+]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="cpu, cuda[:N], npu[:N] or a bare NPU card number. Default: NPU, else CUDA, else CPU.",
+    ),
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
+WarmupOpt = Annotated[int, typer.Option("--warmup", help="Warm-up runs (10 new tokens each) per mode.")]
+ItersOpt = Annotated[int, typer.Option("--iters", help="Timed runs per mode (averaged).")]
+KernelBackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kernel-backend",
+        "--kernel_backend",
+        help="pto_kernels backend: auto, pypto, npu, fused, torch (default $PTO_KERNELS_BACKEND or auto).",
+    ),
+]
+UseCompileOpt = Annotated[
+    bool, typer.Option("--use_compile", "--use-compile", help="torch.compile the model.")
+]
+CompileBackendOpt = Annotated[str, typer.Option("--backend", help="torch.compile backend.")]
+CompileModeOpt = Annotated[str | None, typer.Option("--mode", help="torch.compile mode.")]
+AclGraphOpt = Annotated[
+    bool,
+    typer.Option(
+        "--use_acl_graph", "--use-acl-graph", help="ACL graph via torchair where present, else torch.compile."
+    ),
+]
+DynamicConfigOpt = Annotated[
+    bool,
+    typer.Option(
+        "--use_dynamic_config",
+        "--use-dynamic-config",
+        help="Switch ops on per batch size (SwiGLU always, MRoPE at batch <= 4, RMSNorm off).",
+    ),
+]
+AllowModifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-modified", "--allow_modified", help="Run patched files that differ from what apply wrote."
+    ),
+]
+
+
+@app.command()
+def verify(
+    model: ModelOpt = "gutenocr_3b",
+    model_path: ModelPathOpt = None,
+    prompt: PromptOpt = None,
+    image: ImageOpt = None,
+    simple_prompt: SimplePromptOpt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "bf16",
+    warmup: WarmupOpt = 5,
+    iters: ItersOpt = 5,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size (the same input repeated).")] = 1,
+    output_length: Annotated[
+        int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
+    ] = 50,
+    use_pto: Annotated[
+        bool, typer.Option("--use_pto", "--use-pto", help="Also run with the kernels on and compare.")
+    ] = False,
+    ops: OpsOpt = None,
+    kernel_backend: KernelBackendOpt = None,
+    use_compile: UseCompileOpt = False,
+    backend: CompileBackendOpt = "inductor",
+    mode: CompileModeOpt = None,
+    use_acl_graph: AclGraphOpt = False,
+    use_dynamic_config: DynamicConfigOpt = False,
+    atol: Annotated[
+        float | None, typer.Option("--atol", help="Logit tolerance, absolute (per-dtype default).")
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option("--rtol", help="Logit tolerance, times max |logit| (per-dtype default).")
+    ] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A kernel fallback fails verification.")] = False,
+    allow_modified: AllowModifiedOpt = False,
+    report_file: Annotated[
+        Path | None, typer.Option("--report-file", "--report_file", help="Write the JSON report here.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
+    from pto_patch import verify_render
+    from pto_patch.verify import VerifyOptions, run_verify
+
+    options = VerifyOptions(
+        model=model,
+        model_path=model_path,
+        prompt=prompt,
+        image=image,
+        simple_prompt=simple_prompt,
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        batch=batch,
+        output_length=output_length,
+        use_pto=use_pto,
+        ops=ops,
+        kernel_backend=kernel_backend,
+        use_compile=use_compile,
+        compile_backend=backend,
+        compile_mode=mode,
+        use_acl_graph=use_acl_graph,
+        use_dynamic_config=use_dynamic_config,
+        atol=atol,
+        rtol=rtol,
+        strict=strict,
+        allow_modified=allow_modified,
+        report_file=report_file,
+    )
+    report = run_verify(options)
+    verify_render.verify_report(report, as_json=as_json)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def bench(
+    model: ModelOpt = "gutenocr_3b",
+    model_path: ModelPathOpt = None,
+    prompt: PromptOpt = None,
+    image: ImageOpt = None,
+    simple_prompt: SimplePromptOpt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "bf16",
+    warmup: WarmupOpt = 5,
+    iters: ItersOpt = 5,
+    batches: Annotated[str, typer.Option("--batches", help="Comma-separated batch sizes.")] = "1,4,8",
+    output_length: Annotated[
+        int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
+    ] = 100,
+    ops: OpsOpt = None,
+    kernel_backend: KernelBackendOpt = None,
+    use_compile: UseCompileOpt = False,
+    backend: CompileBackendOpt = "inductor",
+    mode: CompileModeOpt = None,
+    use_acl_graph: AclGraphOpt = False,
+    use_dynamic_config: DynamicConfigOpt = False,
+    allow_modified: AllowModifiedOpt = False,
+    output_dir: Annotated[
+        Path,
+        typer.Option(
+            "--output-dir", "--output_dir", help="Where bench_baseline.json and bench_pypto.json go."
+        ),
+    ] = Path("."),
+    as_json: JsonOpt = False,
+) -> None:
+    """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
+    from pto_patch import verify_render
+    from pto_patch.bench import BenchOptions, run_bench
+
+    options = BenchOptions(
+        model=model,
+        model_path=model_path,
+        prompt=prompt,
+        image=image,
+        simple_prompt=simple_prompt,
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        batches=batches,
+        output_length=output_length,
+        ops=ops,
+        kernel_backend=kernel_backend,
+        use_compile=use_compile,
+        compile_backend=backend,
+        compile_mode=mode,
+        use_acl_graph=use_acl_graph,
+        use_dynamic_config=use_dynamic_config,
+        allow_modified=allow_modified,
+        output_dir=output_dir,
+    )
+    result = run_bench(options)
+    verify_render.bench_result(result, as_json=as_json)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def demo(
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Work here instead of a temporary folder.")
+    ] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the tiny model, image and caches.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Offline, in under a minute: make-tiny, apply, status, verify --use_pto on an image, restore."""
+    from pto_patch import verify_render
+    from pto_patch.demo import run_demo
+
+    result = run_demo(
+        directory,
+        keep=keep,
+        on_step=lambda name, step, seconds: verify_render.demo_step(name, step, seconds, as_json),
+    )
+    verify_render.demo_result(result, as_json=as_json)
+    raise typer.Exit(result.exit_code)
 
 
 # --- skill (owner: skill work) -------------------------------------------------------------------
@@ -152,7 +406,9 @@ def main(argv: list[str] | None = None) -> None:
         code = 130
     except click_exceptions.ClickException as exc:
         if as_json:
-            print_json({"error": exc.format_message(), "hint": "see pto-patch --help", "exit_code": exc.exit_code})
+            print_json(
+                {"error": exc.format_message(), "hint": "see pto-patch --help", "exit_code": exc.exit_code}
+            )
         else:
             exc.show()
         code = exc.exit_code

@@ -174,7 +174,9 @@ def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
         before = f"a/{item.path}" if item.old_bytes is not None else "/dev/null"
         chunks.extend(difflib.unified_diff(old, new, before, f"b/{item.path}"))
     if kernel_files:
-        chunks.append(f"# plus {len(kernel_files)} file(s) of the kernel package, added under {KERNEL_PACKAGE}/:\n")
+        chunks.append(
+            f"# plus {len(kernel_files)} file(s) of the kernel package, added under {KERNEL_PACKAGE}/:\n"
+        )
         chunks.extend(f"#   {item.action} {item.path}\n" for item in kernel_files)
     return "".join(chunk if chunk.endswith("\n") else chunk + "\n" for chunk in chunks)
 
@@ -216,7 +218,9 @@ def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: l
     manifest_dir.mkdir(exist_ok=True)
     manifest.save(folder)
     for item in planned:
-        atomic_write_bytes(folder / item.path, item.new_bytes, mode=item.mode if item.mode is not None else 0o644)
+        atomic_write_bytes(
+            folder / item.path, item.new_bytes, mode=item.mode if item.mode is not None else 0o644
+        )
     manifest.with_state(STATE_COMPLETE).save(folder)
 
 
@@ -234,7 +238,9 @@ def _remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
             root.rmdir()
 
 
-def _put_back(folder: Path, manifest: Manifest, keep_edited: set[str]) -> tuple[list[str], list[str], list[str]]:
+def _put_back(
+    folder: Path, manifest: Manifest, keep_edited: set[str]
+) -> tuple[list[str], list[str], list[str]]:
     restored, removed, kept = [], [], []
     for record in manifest.files:
         path = folder / record.path
@@ -439,7 +445,9 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
     download = _download_record(folder)
     if not Manifest.exists_in(folder):
         state = STATE_IN_PROGRESS if (folder / MANIFEST_DIR).exists() else None
-        return StatusResult(folder, spec.name, patched=False, state=state, release_now=release_now, download=download)
+        return StatusResult(
+            folder, spec.name, patched=False, state=state, release_now=release_now, download=download
+        )
     manifest = Manifest.load(folder)
     modeling = folder / spec.modeling_file
     ops_found = find_injections(modeling.read_text(encoding="utf-8")) if modeling.is_file() else {}

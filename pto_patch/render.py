@@ -100,3 +100,42 @@ def status_result(result, *, as_json: bool) -> None:
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)
+
+
+# --- make-tiny and download (written by the download work; lead may merge) -------------------------
+
+
+def make_tiny_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("make-tiny", result.to_json()))
+        return
+    width = "full-width" if result.full_width else "tiny"
+    out.print(
+        f"wrote a {width} random-weight model to {result.path}: {result.layers} decoder layer(s), "
+        f"{result.parameter_count:,} parameters, {len(result.files)} files"
+    )
+    out.print(f"  try: pto-patch apply --model-path {result.path}")
+
+
+def download_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("download", result.to_json()))
+        return
+    total = result.total_size
+    size = f"{total / 1e9:.2f} GB" if total >= 1e8 else f"{total / 1e6:.1f} MB"
+    commit = result.commit or "unknown commit"
+    what = f"{result.files} files, {size}"
+    if result.offline:
+        out.print(f"offline: {result.folder} is complete ({what}; {commit}); nothing fetched")
+    elif result.checked_only:
+        out.print(f"{result.folder} is already complete: {result.repo_id} @ {commit}, {what}")
+    else:
+        out.print(
+            f"downloaded {result.repo_id} @ {commit} into {result.folder}: {what} "
+            f"({len(result.fetched)} fetched, {len(result.already_present)} already there), "
+            f"in {result.elapsed_s:.1f} s"
+        )
+    if not result.complete:
+        out.print("  partial (--include/--exclude): the folder is not a complete model yet")
+    else:
+        out.print(f"  next: pto-patch apply --model-path {result.folder}")

@@ -57,7 +57,10 @@ def test_apply_then_restore_is_byte_identical(model_folder: Path):
     assert result.ops == ("rms_norm", "mrope", "swiglu_mlp")
     assert snapshot(model_folder) != before
     config = json.loads((model_folder / "config.json").read_text())
-    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_qwen2_5_vl.GutenOcr3BVLForConditionalGeneration"
+    assert (
+        config["auto_map"]["AutoModelForCausalLM"]
+        == "modeling_qwen2_5_vl.GutenOcr3BVLForConditionalGeneration"
+    )
     assert config["auto_map"]["AutoConfig"] == "configuration_qwen2_5_vl.GutenOcr3BVLConfig"
     assert config["rope_scaling"] == {"type": "mrope", "mrope_section": [16, 24, 24]}
     assert list(config)[: len(HUB_CONFIG)] == list(HUB_CONFIG)  # key order kept
@@ -226,7 +229,9 @@ def _bad_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     return cases
 
 
-@pytest.mark.parametrize("case", ["missing folder", "no config.json", "malformed config.json", "other model_type"])
+@pytest.mark.parametrize(
+    "case", ["missing folder", "no config.json", "malformed config.json", "other model_type"]
+)
 def test_bad_folders_get_one_line_a_hint_and_exit_1(tmp_path: Path, capsys, case):
     folder, message = _bad_folders(tmp_path)[case]
     before = snapshot(folder) if folder.exists() else None

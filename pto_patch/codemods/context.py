@@ -1,0 +1,38 @@
+"""What every codemod is told about the patch it is part of."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import libcst as cst
+
+from pto_patch import __version__
+from pto_patch.spec import OPS, ModelSpec
+
+
+@dataclass(frozen=True)
+class PatchContext:
+    """One patch: the model spec, the ops to inject, and where the source came from.
+
+    `release` is the transformers release the source file belongs to (for messages and the banner).
+    `source_sha256` is the modeling source's sha256 as the engine read it; when None, the banner
+    hashes the text it was given.
+    """
+
+    spec: ModelSpec
+    ops: tuple[str, ...] = OPS
+    release: str = "unknown"
+    tool_version: str = __version__
+    source_sha256: str | None = None
+
+    def where(self, file_name: str) -> str:
+        return f"{file_name} of transformers {self.release}"
+
+
+class Codemod(Protocol):
+    """One rewrite step: `transform` returns the rewritten module or raises a PtoPatchError."""
+
+    name: str
+
+    def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module: ...

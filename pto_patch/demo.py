@@ -1,0 +1,187 @@
+"""`pto-patch demo`: the whole story on an embedded tiny model, offline, in under a minute.
+
+make-tiny -> apply -> status -> verify --use_pto (a generated test image through the OCR path)
+-> restore -> the folder's hashes equal the originals. Without --keep nothing is left behind:
+the model, the image and transformers' remote-code copies all live in one folder that is removed.
+
+The demo verifies in float32: the tiny model's random weights leave near-ties between tokens that
+bfloat16 rounding can flip, and float32 shows that the kernels compute what the original computes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+
+MODEL_DIR = "gutenocr-tiny"
+IMAGE_NAME = "demo-page.png"
+MODULES_DIR = "hf-modules"
+IMAGE_SIZE = (112, 84)  # multiples of 28: 12 image tokens on the tiny model
+VERIFY_SETTINGS = {"warmup": 1, "iters": 2, "output_length": 16, "dtype": "fp32"}
+
+StepCallback = Callable[[str, Any, float], None]
+
+
+@dataclass
+class DemoResult:
+    directory: str
+    kept: bool
+    seconds: float
+    steps: list[tuple[str, float]]
+    files_compared: int
+    hash_differences: list[str]
+    verify: Any = None  # VerifyReport
+    modules_cache: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hashes_identical(self) -> bool:
+        return self.files_compared > 0 and not self.hash_differences
+
+    @property
+    def passed(self) -> bool:
+        return self.hashes_identical and self.verify is not None and self.verify.passed
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "command": "demo",
+            "passed": self.passed,
+            "directory": self.directory,
+            "kept": self.kept,
+            "seconds": round(self.seconds, 2),
+            "steps": [{"step": name, "seconds": round(seconds, 3)} for name, seconds in self.steps],
+            "hashes_identical": self.hashes_identical,
+            "files_compared": self.files_compared,
+            "hash_differences": list(self.hash_differences),
+            "verify": None if self.verify is None else self.verify.to_json(),
+            "modules_cache": self.modules_cache,
+            "notes": list(self.notes),
+        }
+
+
+def folder_hashes(folder: Path) -> dict[str, str]:
+    from pto_patch.fileio import sha256_file
+
+    return {
+        path.relative_to(folder).as_posix(): sha256_file(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    } | {
+        path.relative_to(folder).as_posix(): "link:" + os.readlink(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_symlink()
+    }
+
+
+def _prepare_directory(directory: Path | None) -> tuple[Path, list[Path]]:
+    """The working folder, and what to remove afterwards (only what the demo created)."""
+    if directory is None:
+        work = Path(tempfile.mkdtemp(prefix="pto-patch-demo-"))
+        return work, [work]
+    work = Path(directory).expanduser().resolve()
+    if work.exists() and not work.is_dir():
+        raise PtoPatchError(f"--dir {work} exists and is not a folder", "pick a folder path")
+    clashes = [name for name in (MODEL_DIR, IMAGE_NAME, MODULES_DIR) if (work / name).exists()]
+    if clashes:
+        raise PtoPatchError(
+            f"--dir {work} already holds {', '.join(clashes)}",
+            "pick an empty or new folder, or remove them",
+        )
+    if not work.exists():
+        work.mkdir(parents=True)
+        return work, [work]
+    return work, [work / MODEL_DIR, work / IMAGE_NAME, work / MODULES_DIR]
+
+
+def _isolate_modules_cache(work: Path, notes: list[str]) -> tuple[str | None, dict[str, str | None]]:
+    """Point transformers' remote-code cache into the demo folder (read when transformers is imported)."""
+    saved = {"HF_MODULES_CACHE": os.environ.get("HF_MODULES_CACHE")}
+    if "transformers" in sys.modules:
+        notes.append("transformers was already imported: its remote-code cache stays where it was")
+        return None, saved
+    cache = work / MODULES_DIR
+    os.environ["HF_MODULES_CACHE"] = str(cache)
+    return str(cache), saved
+
+
+def _forget_folder_modules(folder: Path) -> None:
+    """Drop the folder's pto_kernels import and sys.path entry so nothing points into a removed folder."""
+    loaded = sys.modules.get("pto_kernels")
+    if loaded is not None and str(folder) in str(getattr(loaded, "__file__", "")):
+        for name in [n for n in sys.modules if n == "pto_kernels" or n.startswith("pto_kernels.")]:
+            del sys.modules[name]
+    while str(folder) in sys.path:
+        sys.path.remove(str(folder))
+
+
+def run_demo(
+    directory: Path | None = None, keep: bool = False, on_step: StepCallback | None = None
+) -> DemoResult:
+    from pto_patch import engine, ocr_inputs, tiny_model, verify
+
+    started = time.perf_counter()
+    work, created = _prepare_directory(directory)
+    notes: list[str] = []
+    steps: list[tuple[str, float]] = []
+    modules_cache, saved_env = _isolate_modules_cache(work, notes)
+    folder = work / MODEL_DIR
+
+    def step(name: str, action: Callable[[], Any]) -> Any:
+        begun = time.perf_counter()
+        result = action()
+        seconds = time.perf_counter() - begun
+        steps.append((name, seconds))
+        if on_step is not None:
+            on_step(name, result, seconds)
+        return result
+
+    report = None
+    try:
+        step("make-tiny", lambda: tiny_model.make_tiny(folder))
+        before = folder_hashes(folder)
+        step("apply", lambda: engine.apply_patch(model_path=folder))
+        step("status", lambda: engine.model_status(model_path=folder))
+        image = work / IMAGE_NAME
+        ocr_inputs.sample_image(*IMAGE_SIZE).save(image)
+        options = verify.VerifyOptions(model_path=folder, use_pto=True, image=image, **VERIFY_SETTINGS)
+        report = step("verify --use_pto", lambda: verify.run_verify(options))
+        step("restore", lambda: engine.restore_model(model_path=folder))
+        after = folder_hashes(folder)
+        differences = sorted(path for path in set(before) | set(after) if before.get(path) != after.get(path))
+        return DemoResult(
+            directory=str(work),
+            kept=keep,
+            seconds=time.perf_counter() - started,
+            steps=steps,
+            files_compared=len(before),
+            hash_differences=differences,
+            verify=report,
+            modules_cache=modules_cache,
+            notes=notes,
+        )
+    finally:
+        _forget_folder_modules(folder)
+        if saved_env["HF_MODULES_CACHE"] is None:
+            os.environ.pop("HF_MODULES_CACHE", None)
+        else:
+            os.environ["HF_MODULES_CACHE"] = saved_env["HF_MODULES_CACHE"]
+        if not keep:
+            for path in created:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
