@@ -1024,6 +1024,19 @@ def run_verify(options: VerifyOptions) -> VerifyReport:
             "--allow-modified: ran patched files that differ from what apply wrote: "
             + ", ".join(loaded.state.modified_files)
         )
+    if not options.use_pto:
+        ignored = [
+            flag
+            for flag, used in (
+                ("--ops", options.ops),
+                ("--use_dynamic_config", options.use_dynamic_config),
+                ("--kernel-backend", options.kernel_backend),
+                ("--strict", options.strict),
+            )
+            if used
+        ]
+        if ignored:
+            warnings.append(f"{', '.join(ignored)} only matter with --use_pto; ran the baseline only")
     compile_note = apply_compile(loaded.model, options, warnings)
     inputs, description = build_inputs(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = batched(inputs, options.batch, device)
