@@ -1,0 +1,111 @@
+"""pto_kernels: fused RMSNorm, MRoPE and SwiGLU MLP for Qwen2.5-VL (GutenOCR-3B) with per-call dispatch.
+
+The patched modeling code reads the switches below at every call and, when one is on, calls the matching
+wrapper. Each wrapper picks a backend for the tensor's device (see `enable`), records what ran in
+`stats()`, and falls back to the eager torch path if a kernel fails (PTO_KERNELS_STRICT=1 raises instead).
+
+Importing this package needs torch only; pypto and torch_npu are imported on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+from . import _dispatch
+from ._dispatch import BACKENDS, OPS, KernelFailedError, reset_stats, stats
+
+__all__ = [
+    "BACKENDS",
+    "OPS",
+    "USE_PTO_MROPE",
+    "USE_PTO_RMS_NORM",
+    "USE_PTO_SWIGLU_MLP",
+    "KernelFailedError",
+    "backend",
+    "disable",
+    "enable",
+    "enabled",
+    "mrope_mixed_wrapper",
+    "mrope_pto_correct",
+    "reset_stats",
+    "rms_norm_wrapper",
+    "stats",
+    "swiglu_mlp_wrapper",
+]
+
+USE_PTO_RMS_NORM = False
+USE_PTO_MROPE = False
+USE_PTO_SWIGLU_MLP = False
+
+SWITCHES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_mlp": "USE_PTO_SWIGLU_MLP"}
+
+# "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
+_backend = _dispatch.backend_from_env()
+
+
+def backend() -> str:
+    """The backend requested for every op ("auto" resolves per call by the tensor's device)."""
+    return _backend
+
+
+def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(
+            f"unknown pto_kernels op(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OPS)}"
+        )
+    return ops
+
+
+def enable(ops: Iterable[str] | str = OPS, backend: str | None = None) -> None:
+    """Switch exactly `ops` on (the others off) and choose the backend.
+
+    backend: "auto" (npu tensors -> pypto if it imports, else npu; every other device -> fused),
+    "pypto", "npu", "fused" or "torch". None means $PTO_KERNELS_BACKEND, else "auto".
+    """
+    global _backend
+    chosen = _check_ops(ops)
+    _backend = _dispatch.backend_from_env() if backend is None else _dispatch.check_backend(backend)
+    for op, switch in SWITCHES.items():
+        globals()[switch] = op in chosen
+
+
+def disable() -> None:
+    """Switch every op off: the patched model runs its original code."""
+    for switch in SWITCHES.values():
+        globals()[switch] = False
+
+
+@contextlib.contextmanager
+def enabled(ops: Iterable[str] | str = OPS, backend: str | None = None) -> Iterator[None]:
+    """enable(ops, backend) for the duration of a with-block, then restore the previous state."""
+    global _backend
+    saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backend)
+    enable(ops, backend)
+    try:
+        yield
+    finally:
+        globals().update(saved[0])
+        _backend = saved[1]
+
+
+def rms_norm_wrapper(hidden_states, weight, eps: float = 1e-6):
+    """RMSNorm over the last dim: weight * (x / sqrt(mean(x^2) + eps)), computed as transformers does."""
+    return _dispatch.run("rms_norm", _backend, hidden_states.device.type, (hidden_states, weight, eps))
+
+
+def mrope_pto_correct(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
+    """apply_multimodal_rotary_pos_emb (transformers <= 5.16): cos/sin are [3, b, s, d], unmixed."""
+    return _dispatch.run("mrope", _backend, q.device.type, (q, k, cos, sin, mrope_section, unsqueeze_dim))
+
+
+def mrope_mixed_wrapper(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """apply_rotary_pos_emb (transformers 5.20+): cos/sin arrive section-mixed as [b, s, d]."""
+    return _dispatch.run("mrope_mixed", _backend, q.device.type, (q, k, cos, sin, unsqueeze_dim))
+
+
+def swiglu_mlp_wrapper(mlp_module, hidden_states):
+    """down_proj(act_fn(gate_proj(x)) * up_proj(x)) for a module with gate/up/down nn.Linear."""
+    return _dispatch.run("swiglu_mlp", _backend, hidden_states.device.type, (mlp_module, hidden_states))

@@ -1,0 +1,67 @@
+"""Eager reference implementations: the same math as transformers' Qwen2.5-VL modeling code.
+
+Every other backend is checked against these (and the golden tests check these against float64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def mix_sections(
+    cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | tuple[int, ...], unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[3, b, s, d] temporal/height/width tables -> one [b, s, d] table (unsqueezed at unsqueeze_dim)."""
+    sections = list(mrope_section) * 2
+    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1)
+    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1)
+    return cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin already mixed and broadcastable to q and k."""
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def mrope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: list[int] | tuple[int, ...],
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' apply_multimodal_rotary_pos_emb (releases up to 5.16)."""
+    cos, sin = mix_sections(cos, sin, mrope_section, unsqueeze_dim)
+    return apply_rotary(q, k, cos, sin)
+
+
+def mrope_mixed(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' apply_rotary_pos_emb (5.20+: cos/sin arrive section-mixed as [b, s, d])."""
+    return apply_rotary(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
+
+
+def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return mlp_module.down_proj(
+        mlp_module.act_fn(mlp_module.gate_proj(hidden_states)) * mlp_module.up_proj(hidden_states)
+    )

@@ -1,0 +1,140 @@
+"""Golden cases for the kernel package: inputs from JSON seeds, float64 references written here.
+
+The references are deliberately not imported from pto_kernels: they restate the math so a bug shared by
+the package's own reference and its kernels cannot pass.
+"""
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
+# Upper bounds on ||actual - expected|| / ||expected|| against the float64 reference.
+REL_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def load(op: str, kind: str = "cases") -> list[dict]:
+    return json.loads((GOLDEN_DIR / f"kernels_{op}.json").read_text())[kind]
+
+
+def ids(cases: list[dict]) -> list[str]:
+    return [c["id"] for c in cases]
+
+
+def _randn(shape, gen, dtype, scale=1.0, offset=0.0, layout=None):
+    if layout == "strided":
+        # same values, every other element of a wider buffer along the last dim: not contiguous
+        wide = torch.randn(*shape[:-1], shape[-1] * 2, generator=gen, dtype=torch.float64)
+        return (wide[..., ::2] * scale + offset).to(dtype)
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + offset).to(dtype)
+
+
+def rms_norm_inputs(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    dtype = getattr(torch, case["dtype"])
+    x = _randn(case["shape"], gen, dtype, scale=2.0, offset=0.3, layout=case.get("layout"))
+    w = _randn([case["shape"][-1]], gen, dtype, scale=0.2, offset=1.0)
+    return x, w, case["eps"]
+
+
+def rms_norm_expected(x, w, eps):
+    x64, w64 = x.double(), w.double()
+    return w64 * x64 / torch.sqrt((x64 * x64).mean(dim=-1, keepdim=True) + eps)
+
+
+def mrope_inputs(case):
+    """q/k as the model makes them: [b, s, h, d] projections transposed to [b, h, s, d] (not contiguous)."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    dtype = getattr(torch, case["dtype"])
+    b, s, d = case["batch"], case["seq"], case["head_dim"]
+    q = _randn([b, s, case["q_heads"], d], gen, dtype).transpose(1, 2)
+    k = _randn([b, s, case["k_heads"], d], gen, dtype).transpose(1, 2)
+    # 3 position streams (t, h, w) -> angles; cos/sin tables as the rotary embedding builds them
+    positions = torch.randint(0, 4096, (3, b, s), generator=gen).double()
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    angles = positions[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return q, k, angles.cos().to(dtype), angles.sin().to(dtype), list(case["section"])
+
+
+def mix_tables(table, section):
+    """[3, b, s, d] -> [b, s, d]: column c takes stream (index of c's chunk in section*2) % 3."""
+    d = table.shape[-1]
+    stream = torch.empty(d, dtype=torch.long)
+    start = 0
+    for i, width in enumerate(list(section) * 2):
+        stream[start : start + width] = i % 3
+        start += width
+    cols = torch.arange(d)
+    return table[stream, :, :, cols].permute(1, 2, 0)
+
+
+def rotary_expected(x, cos_mixed, sin_mixed):
+    """x [b, h, s, d]; tables [b, s, d]; out = x*cos + (-x2, x1)*sin, element by element in float64."""
+    x64 = x.double()
+    cos64 = cos_mixed.double()[:, None]
+    sin64 = sin_mixed.double()[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.empty_like(x64)
+    rotated[..., :half] = -x64[..., half:]
+    rotated[..., half:] = x64[..., :half]
+    return x64 * cos64 + rotated * sin64
+
+
+def mlp_module(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    dtype = getattr(torch, case["dtype"])
+    h, i = case["hidden"], case["intermediate"]
+    mlp = torch.nn.Module()
+    mlp.gate_proj = torch.nn.Linear(h, i, bias=False, dtype=dtype)
+    mlp.up_proj = torch.nn.Linear(h, i, bias=False, dtype=dtype)
+    mlp.down_proj = torch.nn.Linear(i, h, bias=False, dtype=dtype)
+    mlp.act_fn = torch.nn.SiLU()
+    with torch.no_grad():
+        for proj, fan_in in ((mlp.gate_proj, h), (mlp.up_proj, h), (mlp.down_proj, i)):
+            proj.weight.copy_(_randn(list(proj.weight.shape), gen, dtype, scale=1.0 / math.sqrt(fan_in)))
+    return mlp
+
+
+def mlp_inputs(case, mlp=None):
+    mlp = mlp if mlp is not None else mlp_module(case)
+    gen = torch.Generator().manual_seed(case["seed"] * 1000 + case["tokens"][0] * 100 + case["tokens"][1])
+    x = _randn(
+        [*case["tokens"], case["hidden"]], gen, getattr(torch, case["dtype"]), layout=case.get("layout")
+    )
+    return mlp, x
+
+
+def mlp_expected(mlp, x):
+    x64 = x.double()
+    gate = x64 @ mlp.gate_proj.weight.double().T
+    up = x64 @ mlp.up_proj.weight.double().T
+    return (gate / (1 + torch.exp(-gate)) * up) @ mlp.down_proj.weight.double().T
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected).norm() / expected.norm()).item()
+
+
+def check_close(actual, expected: torch.Tensor, dtype: torch.dtype, what: str = "") -> SimpleNamespace:
+    """Raise AssertionError naming shape, non-finite count, relative error and worst element."""
+    assert isinstance(actual, torch.Tensor), f"{what}: expected a tensor, got {type(actual).__name__}"
+    assert tuple(actual.shape) == tuple(expected.shape), (
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
+    bad = (~torch.isfinite(actual)).sum().item()
+    assert bad == 0, f"{what}: {bad} of {actual.numel()} elements are NaN/inf (unwritten or overflowed)"
+    err = relative_error(actual, expected)
+    tol = REL_TOL[dtype]
+    if not err <= tol:
+        diff = (actual.double() - expected).abs()
+        worst = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        n_off = int((diff > tol * expected.abs().max()).sum())
+        raise AssertionError(
+            f"{what}: relative error {err:.3e} > {tol:.0e}; {n_off} elements off; worst at {worst}: "
+            f"{actual[worst].item():.6g} vs {expected[worst].item():.6g}"
+        )
+    return SimpleNamespace(rel_err=err, tol=tol)
