@@ -139,3 +139,24 @@ def download_result(result, *, as_json: bool) -> None:
         out.print("  partial (--include/--exclude): the folder is not a complete model yet")
     else:
         out.print(f"  next: pto-patch apply --model-path {result.folder}")
+
+
+# --- skill (written by the skill work) -------------------------------------------------------------
+
+
+def skill_install_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("skill install", result.to_json()))
+        return
+    if result.action == "unchanged":
+        out.print(
+            f"{result.destination} already holds this pto-patch skill ({len(result.files)} files); nothing to do."
+        )
+        return
+    verb = (
+        "replaced the changed copy in"
+        if result.action == "replaced"
+        else "installed the pto-patch skill into"
+    )
+    out.print(f"{verb} {result.destination} ({len(result.files)} files)")
+    out.print(f"  start with: {result.destination / 'SKILL.md'}")

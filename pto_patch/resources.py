@@ -1,4 +1,4 @@
-"""Where the bundled `templates/` and `kernels/` folders are.
+"""Where the bundled `templates/`, `kernels/` and `skills/` folders are.
 
 In a built wheel they live in `pto_patch/_bundled/`; in a source checkout (editable install)
 they are the repository's top-level folders.
@@ -29,3 +29,8 @@ def kernels_dir() -> Path:
 
 def kernel_package_dir() -> Path:
     return kernels_dir() / "pto_kernels"
+
+
+def skills_dir() -> Path:
+    """The folder holding the agent skill `pto-patch/` (SKILL.md, references/, scripts/)."""
+    return _bundled("skills")

@@ -1,4 +1,4 @@
-"""The built wheel carries templates/ and kernels/, and apply works from an installed copy."""
+"""The built wheel carries templates/, kernels/ and skills/, and apply works from an installed copy."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def test_wheel_holds_templates_and_kernels(wheel: Path):
     assert "pto_patch/_bundled/templates/specs/gutenocr_3b.json" in names
     assert any(n.startswith("pto_patch/_bundled/templates/injections/") and n.endswith(".py") for n in names)
     assert "pto_patch/_bundled/kernels/pto_kernels/__init__.py" in names
+    assert "pto_patch/_bundled/skills/pto-patch/SKILL.md" in names
+    assert "pto_patch/_bundled/skills/pto-patch/references/troubleshooting.md" in names
     assert not any("__pycache__" in n for n in names)
 
 
