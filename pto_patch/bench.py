@@ -1,9 +1,10 @@
 """`pto-patch bench`: the reference's bench script as a command, baseline then PTO per batch size.
 
-For each batch size it measures both modes on one loaded model (warm-up, then timed runs of
-`--output_length` new tokens), writes `bench_baseline.json` and `bench_pypto.json` with the verify
-report's per-mode keys, and relates the decode step to a memory-bandwidth floor: the weight bytes a
-decode step must read, over a copy bandwidth measured in the same run.
+For each batch size it measures both modes on one loaded model: warm-up, then timed runs of
+`--output_length` new tokens, the two modes alternating so that a shared machine's load hits both
+alike. It writes `bench_baseline.json` and `bench_pypto.json` with the verify report's per-mode
+keys, and relates the decode step to a memory-bandwidth floor: the weight bytes a decode step must
+read, over a copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class BenchResult:
         return doc
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"schema_version": verify.SCHEMA_VERSION, "passed": self.passed}
+        doc = {"schema_version": verify.SCHEMA_VERSION, "command": "bench", "passed": self.passed}
         doc.update(self._header())
         runs = []
         for run in self.runs:
@@ -225,17 +226,6 @@ class BenchResult:
 
 
 # --- the run --------------------------------------------------------------------------------------
-
-
-def _measure(loaded, inputs, batch: int, options: BenchOptions) -> verify.ModeMetrics:
-    return verify.measure_mode(
-        loaded,
-        inputs,
-        batch=batch,
-        new_tokens=options.output_length,
-        warmup=options.warmup,
-        iters=options.iters,
-    )
 
 
 def run_bench(options: BenchOptions) -> BenchResult:
@@ -280,12 +270,20 @@ def run_bench(options: BenchOptions) -> BenchResult:
         )
         kernels.disable()
         kernels.reset_stats()
-        base_metrics = _measure(loaded, inputs, batch, options)
-        kernels.reset_stats()
-        if switched_on:
-            kernels.enable(ops=switched_on, backend=kernel_backend)
+        switches = {
+            "baseline": kernels.disable,
+            "pto": lambda ops=switched_on: verify.switch_on(kernels, ops, kernel_backend),
+        }
         try:
-            pto_metrics = _measure(loaded, inputs, batch, options)
+            timed = verify.measure_modes(
+                loaded,
+                inputs,
+                switches,
+                batch=batch,
+                new_tokens=options.output_length,
+                warmup=options.warmup,
+                iters=options.iters,
+            )
         finally:
             stats = kernels.stats()
             kernels.disable()
@@ -296,8 +294,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
         runs.append(
             BatchRun(
                 batch=batch,
-                baseline=ModeRun(base_metrics),
-                pto=ModeRun(pto_metrics, ops),
+                baseline=ModeRun(timed["baseline"]),
+                pto=ModeRun(timed["pto"], ops),
                 switched_on=switched_on,
                 dynamic_config=table,
             )

@@ -21,6 +21,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,6 +286,10 @@ class ModeMetrics:
     prefill_s: float | None = None  # prompt in, first new token out
     decode_step_s: float | None = None  # each further token
 
+    @property
+    def latency_median_s(self) -> float:
+        return statistics.median(self.latencies_s) if self.latencies_s else self.latency_s
+
     def to_json(self) -> dict[str, Any]:
         return {
             "prefill_s": None if self.prefill_s is None else round(self.prefill_s, 5),
@@ -297,6 +302,10 @@ class ModeMetrics:
             "batch": self.batch,
             "new_tokens_per_sequence": self.new_tokens_per_sequence,
             "latencies_s": [round(x, 5) for x in self.latencies_s],
+            "latency_median_s": round(self.latency_median_s, 5),
+            "tokens_per_s_median": round(self.tokens / self.latency_median_s, 3)
+            if self.latency_median_s
+            else 0.0,
         }
 
 
@@ -407,6 +416,7 @@ class VerifyReport:
             pto["ops"] = {op: report.to_json() for op, report in self.ops.items()}
         return {
             "schema_version": SCHEMA_VERSION,
+            "command": "verify",
             "passed": self.passed,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
@@ -847,14 +857,7 @@ def generate(loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool
     )
 
 
-def measure_mode(
-    loaded: LoadedModel, inputs, *, batch: int, new_tokens: int, warmup: int, iters: int
-) -> ModeMetrics:
-    """Warm-up runs (10 new tokens each), then `iters` timed runs of `new_tokens` new tokens."""
-    reset_peak_memory(loaded.device)
-    for _ in range(warmup):
-        generate(loaded, inputs, WARMUP_NEW_TOKENS, fixed_length=True, logits=False)
-    runs = [generate(loaded, inputs, new_tokens, fixed_length=True, logits=False) for _ in range(iters)]
+def _metrics(loaded: LoadedModel, runs: list[Generation], batch: int, peak_mb: float) -> ModeMetrics:
     latencies = [run.seconds for run in runs]
     latency = statistics.fmean(latencies)
     prefills = [run.prefill_s for run in runs if run.prefill_s is not None]
@@ -865,13 +868,44 @@ def measure_mode(
         latency_s=latency,
         tokens=tokens,
         tokens_per_s=tokens / latency if latency > 0 else 0.0,
-        peak_memory_mb=peak_memory_mb(loaded.device),
+        peak_memory_mb=peak_mb,
         batch=batch,
         new_tokens_per_sequence=int(runs[-1].new_tokens.shape[1]),
         latencies_s=latencies,
         prefill_s=statistics.fmean(prefills) if prefills else None,
         decode_step_s=statistics.fmean(steps) if steps else None,
     )
+
+
+def measure_modes(
+    loaded: LoadedModel,
+    inputs,
+    switches: dict[str, Callable[[], None]],
+    *,
+    batch: int,
+    new_tokens: int,
+    warmup: int,
+    iters: int,
+) -> dict[str, ModeMetrics]:
+    """Time each mode (`switches` maps a mode to the call that selects it) on the same inputs.
+
+    Warm-up runs (10 new tokens each) per mode, then `iters` rounds of one timed run per mode, the
+    order reversed every other round: on a shared machine both modes see the same load drift.
+    """
+    names = list(switches)
+    for name in names:
+        switches[name]()
+        for _ in range(warmup):
+            generate(loaded, inputs, WARMUP_NEW_TOKENS, fixed_length=True, logits=False)
+    runs: dict[str, list[Generation]] = {name: [] for name in names}
+    peaks = dict.fromkeys(names, 0.0)
+    for round_index in range(iters):
+        for name in names if round_index % 2 == 0 else reversed(names):
+            switches[name]()
+            reset_peak_memory(loaded.device)
+            runs[name].append(generate(loaded, inputs, new_tokens, fixed_length=True, logits=False))
+            peaks[name] = max(peaks[name], peak_memory_mb(loaded.device))
+    return {name: _metrics(loaded, runs[name], batch, peaks[name]) for name in names}
 
 
 def compare(base: Generation, pto: Generation, tokenizer, atol: float, rtol: float) -> Accuracy:
@@ -959,6 +993,13 @@ def apply_compile(model, options: VerifyOptions, warnings: list[str]) -> str | N
             return "torchair npu backend, reduce-overhead (ACL graph)"
     model.forward = torch.compile(model.forward, backend=options.compile_backend, mode=options.compile_mode)
     return f"torch.compile(backend={options.compile_backend!r}, mode={options.compile_mode!r})"
+
+
+def switch_on(kernels, ops: tuple[str, ...], backend: str) -> None:
+    if ops:
+        kernels.enable(ops=ops, backend=backend)
+    else:
+        kernels.disable()
 
 
 def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str, OpReport]:
@@ -1049,24 +1090,37 @@ def run_verify(options: VerifyOptions) -> VerifyReport:
             options.ops, spec, loaded.state, options.batch, options.use_dynamic_config
         )
 
-    # Baseline: switches off.
-    if loaded.kernels is not None:
-        loaded.kernels.disable()
-        loaded.kernels.reset_stats()
+    # The accuracy runs: switches off, then on, on the same inputs; then the timed runs of both modes.
+    kernels = loaded.kernels
+    if kernels is not None:
+        kernels.disable()
+        kernels.reset_stats()
     base_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
-    baseline = measure_mode(
-        loaded,
-        inputs,
-        batch=options.batch,
-        new_tokens=options.output_length,
-        warmup=options.warmup,
-        iters=options.iters,
-    )
-    if loaded.kernels is not None:
-        stats = loaded.kernels.stats()
-        stray = {op: entry["calls"] for op, entry in stats.items() if entry.get("calls")}
+    if kernels is not None:
+        stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
         if stray:
             failures.append(f"kernels ran with every switch off: {stray}")
+    switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
+    pto_run, stats = None, {}
+    try:
+        if options.use_pto:
+            switches["pto"] = lambda: switch_on(kernels, switched_on, kernel_backend)
+            switches["pto"]()
+            pto_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
+        timed = measure_modes(
+            loaded,
+            inputs,
+            switches,
+            batch=options.batch,
+            new_tokens=options.output_length,
+            warmup=options.warmup,
+            iters=options.iters,
+        )
+    finally:
+        if kernels is not None:
+            stats = kernels.stats()  # only the PTO runs count: the switches are off for the baseline
+            kernels.disable()
+    baseline = timed["baseline"]
 
     report = VerifyReport(
         model_path=str(folder),
@@ -1093,23 +1147,7 @@ def run_verify(options: VerifyOptions) -> VerifyReport:
     )
 
     if options.use_pto:
-        kernels = loaded.kernels
-        kernels.reset_stats()
-        if switched_on:
-            kernels.enable(ops=switched_on, backend=kernel_backend)
-        try:
-            pto_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
-            report.pto = measure_mode(
-                loaded,
-                inputs,
-                batch=options.batch,
-                new_tokens=options.output_length,
-                warmup=options.warmup,
-                iters=options.iters,
-            )
-        finally:
-            stats = kernels.stats()
-            kernels.disable()
+        report.pto = timed["pto"]
         report.ops = op_reports(stats, switched_on)
         more_failures, more_warnings = op_failures(report.ops, options.strict)
         report.failures += more_failures

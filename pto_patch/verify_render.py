@@ -21,6 +21,10 @@ def _pct(new: float | None, old: float | None) -> str:
     return f"{(new - old) / old * 100:+.1f} %"
 
 
+def _div(new: float | None, old: float | None) -> float | None:
+    return new / old if new is not None and old else None
+
+
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
@@ -99,12 +103,13 @@ def _timing_table(doc: dict[str, Any]) -> None:
         ("latency (s)", "latency_s", 4),
         ("tokens per run", "tokens", 0),
         ("tokens / s", "tokens_per_s", 2),
+        ("tokens / s, median run", "tokens_per_s_median", 2),
         ("peak memory (MB)", "peak_memory_mb", 1),
     )
     for label, key, digits in rows:
         cells = [label, _fmt(base[key], digits)]
         if pto is not None:
-            cells += [_fmt(pto[key], digits), _ratio(ratios.get(key))]
+            cells += [_fmt(pto[key], digits), _ratio(ratios.get(key, _div(pto[key], base[key])))]
         table.add_row(*cells)
     out.print(table)
     out.print(f"  peak memory: {doc['peak_memory_source']}")
@@ -156,6 +161,7 @@ def bench_result(result, *, as_json: bool) -> None:
         ("latency (s)", "latency_s", 4),
         ("tokens per run", "tokens", 0),
         ("tokens / s", "tokens_per_s", 2),
+        ("tokens / s, median run", "tokens_per_s_median", 2),
         ("peak memory (MB)", "peak_memory_mb", 1),
         ("decode step (ms)", "decode_step_ms", 2),
         ("bandwidth floor / step", "bandwidth_fraction", 4),

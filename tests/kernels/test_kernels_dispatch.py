@@ -236,3 +236,30 @@ def test_independent_mixing_matches_transformers_layout():
     mixed = gc.mix_tables(table, [2, 3, 3])[0, 0]
     streams = [0, 0, 1, 1, 1, 2, 2, 2, 0, 0, 1, 1, 1, 2, 2, 2]
     assert mixed.tolist() == [float(s * 16 + c) for c, s in enumerate(streams)]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2048), (1, 37, 2048), (2, 130, 2048), (64, 1280)])
+def test_fused_rms_norm_gives_the_eager_bits_in_bf16(shape):
+    # A fused norm that merely meets the golden tolerance drifted through 32 bf16 vision layers;
+    # the fused path must give exactly what the eager body gives.
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    weight = (torch.rand(shape[-1], generator=gen) + 0.5).to(torch.bfloat16)
+    from pto_kernels import reference
+
+    assert torch.equal(fused.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6))
+
+
+def test_fused_mrope_runs_under_inference_mode(monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")  # a fallback would raise
+    pto_kernels.enable(ops=("mrope",), backend="fused")
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, 5, 16, generator=gen), torch.randn(1, 2, 5, 16, generator=gen)
+    cos, sin = torch.randn(3, 1, 5, 16, generator=gen), torch.randn(3, 1, 5, 16, generator=gen)
+    with torch.inference_mode():
+        q_embed, _ = pto_kernels.mrope_pto_correct(q, k, cos.clone(), sin.clone(), [2, 3, 3])
+    from pto_kernels import reference
+
+    expected, _ = reference.mrope(q, k, cos, sin, [2, 3, 3])
+    assert torch.allclose(q_embed, expected, atol=1e-6)
+    assert pto_kernels.stats()["mrope"]["backends"] == {"fused": 1}

@@ -1,0 +1,468 @@
+"""`pto-patch verify`: the pieces on their own, then the command end to end on the tiny model.
+
+End-to-end runs go through the CLI in a fresh process each: transformers caches remote code per
+process (`transformers_modules`), and the patched folder's `pto_kernels` lives in `sys.modules`.
+Every such process gets its own HF_HOME and HF_MODULES_CACHE.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pto_patch import cli, engine, verify
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.ocr_inputs import sample_image
+from pto_patch.spec import load_spec
+from pto_patch.tiny_model import make_tiny
+
+FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8"]
+REPORT_KEYS = {
+    "schema_version",
+    "model_path",
+    "device",
+    "dtype",
+    "versions",
+    "baseline",
+    "pto",
+    "accuracy",
+    "load_info",
+    "passed",
+}
+MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}
+ACCURACY_KEYS = {"max_abs_logit_diff", "max_rel_logit_diff", "token_match_rate", "text_equal", "passed"}
+
+# Appended to the folder's kernel package: RMSNorm comes out 25 % too large.
+WRONG_RMS_NORM = """
+
+_correct_rms_norm_wrapper = rms_norm_wrapper
+
+
+def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
+    return _correct_rms_norm_wrapper(hidden_states, weight, eps) * 1.25
+"""
+
+
+def run_cli(args: list[str], tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("PTO_KERNELS_BACKEND", None)
+    env.pop("GUTENOCR_MODEL_PATH", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pto_patch", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or tmp_path,
+        timeout=600,
+    )
+
+
+def json_out(done: subprocess.CompletedProcess) -> dict:
+    return json.loads(done.stdout)  # exactly one document, or this raises
+
+
+@pytest.fixture(scope="module")
+def patched_tiny(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("verify") / "GutenOCR-tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    return folder
+
+
+@pytest.fixture
+def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
+    """A private copy of the patched folder, for tests that change it."""
+    copy = tmp_path / "GutenOCR-tiny-copy"
+    shutil.copytree(patched_tiny, copy, symlinks=True)
+    return copy
+
+
+# --- pieces ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cpu", ("cpu", None)),
+        ("cuda", ("cuda", None)),
+        ("cuda:1", ("cuda", 1)),
+        ("npu", ("npu", None)),
+        ("npu:2", ("npu", 2)),
+        ("3", ("npu", 3)),  # the reference's bare card number
+        (" NPU:0 ", ("npu", 0)),
+    ],
+)
+def test_parse_device(text, expected):
+    assert verify.parse_device(text) == expected
+
+
+@pytest.mark.parametrize("text", ["gpu", "cpu:0", "cuda:x", "npu:-1", ""])
+def test_parse_device_rejects(text):
+    with pytest.raises(PtoPatchError) as caught:
+        verify.parse_device(text)
+    assert caught.value.exit_code == EXIT_USAGE
+
+
+def test_default_device_prefers_npu_then_cuda_then_cpu(monkeypatch):
+    for npu, cuda, expected in ((True, True, "npu:0"), (False, True, "cuda:0"), (False, False, "cpu")):
+        monkeypatch.setattr(verify, "npu_available", lambda value=npu: value)
+        monkeypatch.setattr(verify, "cuda_available", lambda value=cuda: value)
+        assert verify.resolve_device(None).name == expected
+
+
+def test_npu_requested_without_torch_npu_is_an_error(monkeypatch):
+    monkeypatch.setattr(verify, "npu_available", lambda: False)
+    with pytest.raises(PtoPatchError, match="torch_npu"):
+        verify.resolve_device("0")
+
+
+def test_dtype_names_and_tolerances():
+    assert verify.resolve_dtype("bf16") is torch.bfloat16
+    assert verify.resolve_dtype("float16") is torch.float16
+    assert verify.resolve_dtype("fp32") is torch.float32
+    with pytest.raises(PtoPatchError):
+        verify.resolve_dtype("int8")
+    assert verify.tolerances("fp32", None, None)[0] < verify.tolerances("bf16", None, None)[0]
+    assert verify.tolerances("bf16", 0.5, None) == (0.5, verify.DEFAULT_TOLERANCES["bfloat16"][1])
+
+
+def test_dynamic_config_follows_the_reference_table():
+    every = ("rms_norm", "mrope", "swiglu_mlp")
+
+    def on(batch, available=every):
+        return [row["op"] for row in verify.dynamic_choice(batch, available) if row["enabled"]]
+
+    assert on(1) == ["swiglu_mlp", "mrope"]
+    assert on(4) == ["swiglu_mlp", "mrope"]
+    assert on(8) == ["swiglu_mlp"]
+    assert on(1, ("rms_norm", "mrope")) == ["mrope"]  # never an op the folder lacks
+    assert all(row["reason"] for row in verify.dynamic_choice(8, every))
+
+
+def _generation(tokens, logits):
+    return verify.Generation(new_tokens=torch.tensor(tokens), first_logits=torch.tensor(logits), seconds=0.0)
+
+
+class _Decoder:
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [" ".join(str(int(t)) for t in row) for row in rows]
+
+
+def test_compare_logits_tolerance_nan_and_token_match():
+    base = _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.5]])
+    same = verify.compare(base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.5]]), _Decoder(), 0.1, 0.0)
+    assert same.passed and same.text_equal and same.token_match_rate == 1.0
+    assert same.max_abs_logit_diff == 0.0
+
+    off = verify.compare(base, _generation([[1, 2, 9]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.1, 0.0)
+    assert not off.passed
+    assert off.max_abs_logit_diff == pytest.approx(0.3)
+    assert off.max_rel_logit_diff == pytest.approx(0.03)
+    assert off.token_match_rate == 0.5  # 2 of 4 positions, the missing one counts as a mismatch
+    assert not off.text_equal
+    assert verify.compare(
+        base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.0, 0.05
+    ).passed
+
+    nan = verify.compare(base, _generation([[1, 2, 3, 4]], [[10.0, float("nan"), 0.5]]), _Decoder(), 1e9, 1e9)
+    assert not nan.passed
+
+
+def test_op_checks():
+    def report(on, calls, fallbacks=0):
+        return verify.OpReport(switched_on=on, backend="fused", calls=calls, fallbacks=fallbacks)
+
+    failures, warnings = verify.op_failures({"rms_norm": report(True, 0)}, strict=False)
+    assert failures and "never ran" in failures[0]
+    failures, warnings = verify.op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=False)
+    assert not failures and warnings
+    failures, warnings = verify.op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=True)
+    assert failures and not warnings
+    failures, _ = verify.op_failures({"swiglu_mlp": report(False, 3)}, strict=False)
+    assert failures
+    assert verify.op_failures({"swiglu_mlp": report(True, 3)}, strict=True) == ([], [])
+
+
+def test_rope_fix_fills_a_missing_mrope_section():
+    from transformers import Qwen2_5_VLConfig
+
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2},
+    )
+    for scope in (config, config.text_config):
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = getattr(scope, key, None)
+            if isinstance(rope, dict):
+                rope.pop("mrope_section", None)
+    fixes = verify.fix_rope_config(config, load_spec("gutenocr_3b"))
+    assert fixes
+    rope = config.text_config.rope_parameters
+    assert rope["mrope_section"] == [16, 24, 24]
+    assert verify.fix_rope_config(config, load_spec("gutenocr_3b")) == []  # already right: no change
+
+
+def test_rope_fix_refuses_a_section_that_cannot_fit():
+    from transformers import Qwen2_5_VLConfig
+
+    config = Qwen2_5_VLConfig(text_config={"hidden_size": 64, "num_attention_heads": 4})
+    config.text_config.rope_parameters["mrope_section"] = [4, 4, 4]  # sums to 12, head_dim/2 is 8
+    with pytest.raises(PtoPatchError, match="mrope_section"):
+        verify.fix_rope_config(config, load_spec("gutenocr_3b"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchair") is not None, reason="torchair is installed here")
+def test_acl_graph_without_torchair_falls_back_to_torch_compile_with_a_warning():
+    model = torch.nn.Linear(2, 2)
+    plain_forward = model.forward
+    warnings: list[str] = []
+    options = verify.VerifyOptions(use_acl_graph=True, compile_backend="eager")
+    note = verify.apply_compile(model, options, warnings)
+    assert note.startswith("torch.compile") and "'eager'" in note
+    assert len(warnings) == 1 and "torchair" in warnings[0]
+    assert model.forward is not plain_forward
+    assert verify.apply_compile(torch.nn.Linear(2, 2), verify.VerifyOptions(), warnings) is None
+
+
+def test_the_folder_copy_of_pto_kernels_is_imported(patched_tiny: Path, monkeypatch):
+    from pto_patch.resources import kernels_dir
+
+    monkeypatch.setattr(sys, "path", [str(kernels_dir()), *sys.path])
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "pto_kernels"}
+    try:
+        for name in saved:
+            del sys.modules[name]
+        import pto_kernels as other
+
+        assert Path(other.__file__).parent == kernels_dir() / "pto_kernels"
+        module = verify.import_folder_kernels(patched_tiny)
+        assert Path(module.__file__).resolve().parent == (patched_tiny / "pto_kernels").resolve()
+        assert sys.modules["pto_kernels"] is module
+        assert not (patched_tiny / "pto_kernels" / "__pycache__").exists()
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "pto_kernels"]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def test_every_reference_option_spelling_parses(monkeypatch, tmp_path: Path):
+    seen = []
+
+    def capture(options):
+        seen.append(options)
+        raise PtoPatchError("stopped by the test")
+
+    monkeypatch.setattr(verify, "run_verify", capture)
+    reference = [
+        "--model_path", str(tmp_path), "--use_pto", "--output_length", "7", "--use_compile", "--backend",
+        "eager", "--mode", "default", "--use_acl_graph", "--use_dynamic_config", "--simple_prompt",
+        "--device", "0", "--warmup", "2", "--iters", "3", "--batch", "4", "--dtype", "fp16",
+        "--prompt", "hi", "--ops", "mrope", "--report_file", str(tmp_path / "r.json"),
+        "--allow_modified", "--kernel_backend", "torch", "--atol", "0.5", "--rtol", "0.25", "--strict",
+    ]  # fmt: skip
+    dashed = [
+        "--model-path", str(tmp_path), "--use-pto", "--output-length", "7", "--use-compile", "--backend",
+        "eager", "--mode", "default", "--use-acl-graph", "--use-dynamic-config", "--simple-prompt",
+        "--device", "0", "--warmup", "2", "--iters", "3", "--batch", "4", "--dtype", "fp16",
+        "--prompt", "hi", "--ops", "mrope", "--report-file", str(tmp_path / "r.json"),
+        "--allow-modified", "--kernel-backend", "torch", "--atol", "0.5", "--rtol", "0.25", "--strict",
+    ]  # fmt: skip
+    for argv in (reference, dashed):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["verify", *argv])
+        assert stopped.value.code == 1
+    assert len(seen) == 2 and seen[0] == seen[1]
+    options = seen[0]
+    assert options.model_path == tmp_path and options.use_pto and options.output_length == 7
+    assert options.use_compile and options.compile_backend == "eager" and options.compile_mode == "default"
+    assert options.use_acl_graph and options.use_dynamic_config and options.simple_prompt
+    assert (options.device, options.warmup, options.iters, options.batch) == ("0", 2, 3, 4)
+    assert (options.dtype, options.prompt, options.ops) == ("fp16", "hi", "mrope")
+    assert options.report_file == tmp_path / "r.json" and options.allow_modified and options.strict
+    assert (options.kernel_backend, options.atol, options.rtol) == ("torch", 0.5, 0.25)
+
+    with pytest.raises(SystemExit):
+        cli.main(["verify"])
+    defaults = seen[-1]
+    assert (defaults.warmup, defaults.iters, defaults.batch, defaults.output_length) == (5, 5, 1, 50)
+    assert defaults.dtype == "bf16" and not defaults.use_pto and defaults.prompt is None
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+def test_apply_then_verify_passes_text_and_report_has_every_key(patched_tiny: Path, tmp_path: Path):
+    report_file = tmp_path / "out" / "report.json"
+    done = run_cli(
+        [
+            "verify",
+            "--model-path",
+            str(patched_tiny),
+            "--use_pto",
+            "--json",
+            "--report-file",
+            str(report_file),
+        ]
+        + FAST,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    printed = json_out(done)
+    written = json.loads(report_file.read_text(encoding="utf-8"))
+    for doc in (printed, written):
+        assert REPORT_KEYS <= set(doc)
+        assert MODE_KEYS <= set(doc["baseline"]) and MODE_KEYS <= set(doc["pto"])
+        assert ACCURACY_KEYS <= set(doc["accuracy"])
+        assert {"missing_keys", "unexpected_keys"} <= set(doc["load_info"])
+        assert {"pto_patch", "torch", "transformers"} <= set(doc["versions"])
+        assert set(doc["pto"]["ops"]) == {"rms_norm", "mrope", "swiglu_mlp"}
+        for entry in doc["pto"]["ops"].values():
+            assert {"backend", "calls", "fallbacks"} <= set(entry)
+    assert printed["passed"] is True and printed["failures"] == [] and printed["command"] == "verify"
+    assert printed["input"]["kind"] == "text" and printed["dtype"] == "bfloat16"
+    assert all(entry["calls"] > 0 for entry in printed["pto"]["ops"].values())
+    assert printed["pto_kernels_path"] == str((patched_tiny / "pto_kernels").resolve())
+    assert printed["load_info"]["missing_keys"] == [] and printed["load_info"]["unexpected_keys"] == []
+    assert printed["baseline"]["tokens"] == 8 and printed["pto"]["tokens"] == 8
+    assert math.isfinite(printed["accuracy"]["max_abs_logit_diff"])
+
+
+def test_apply_then_verify_passes_with_an_image(patched_tiny: Path, tmp_path: Path):
+    image = tmp_path / "page.png"
+    sample_image(112, 84).save(image)
+    done = run_cli(
+        [
+            "verify",
+            "--model-path",
+            str(patched_tiny),
+            "--use_pto",
+            "--image",
+            str(image),
+            "--json",
+            "--dtype",
+            "fp32",
+        ]
+        + FAST,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["passed"] and doc["input"]["kind"] == "image" and doc["input"]["image_tokens"] == 12
+    assert doc["input"]["prompt"] == verify.OCR_PROMPT
+    assert all(entry["calls"] > 0 for entry in doc["pto"]["ops"].values())
+    assert doc["accuracy"]["text_equal"] is True and doc["accuracy"]["token_match_rate"] == 1.0
+
+
+def test_a_wrong_kernel_fails_with_exit_3(patched_copy: Path, tmp_path: Path):
+    with open(patched_copy / "pto_kernels" / "__init__.py", "a", encoding="utf-8") as handle:
+        handle.write(WRONG_RMS_NORM)
+    done = run_cli(
+        [
+            "verify",
+            "--model-path",
+            str(patched_copy),
+            "--use_pto",
+            "--allow-modified",
+            "--json",
+            "--ops",
+            "rms_norm",
+        ]
+        + FAST,
+        tmp_path,
+    )
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["passed"] is False and doc["accuracy"]["passed"] is False
+    assert any("logits differ" in failure for failure in doc["failures"])
+    assert doc["allow_modified"] is True and doc["modified_files"] == ["pto_kernels/__init__.py"]
+    assert doc["pto"]["ops"]["rms_norm"]["calls"] > 0
+
+
+def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):
+    folder = tmp_path / "partial"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder, ops="rms_norm,swiglu_mlp")  # no MRoPE injection in the code
+    done = run_cli(
+        ["verify", "--model-path", str(folder), "--use_pto", "--ops", "rms_norm,mrope,swiglu_mlp", "--json"]
+        + FAST,
+        tmp_path,
+    )
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["pto"]["ops"]["mrope"]["switched_on"] and doc["pto"]["ops"]["mrope"]["calls"] == 0
+    assert any(failure.startswith("mrope") and "never ran" in failure for failure in doc["failures"])
+    assert doc["pto"]["ops"]["rms_norm"]["calls"] > 0
+
+
+def test_a_tampered_modeling_file_is_refused(patched_copy: Path, tmp_path: Path):
+    with open(patched_copy / "modeling_qwen2_5_vl.py", "a", encoding="utf-8") as handle:
+        handle.write("\nprint('not what apply wrote')\n")
+    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto"] + FAST, tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "modeling_qwen2_5_vl.py" in done.stderr and "--allow-modified" in done.stderr
+    assert "not what apply wrote" not in done.stdout  # the code never ran
+
+
+def test_missing_checkpoint_keys_fail(patched_copy: Path, tmp_path: Path):
+    from safetensors.torch import load_file, save_file
+
+    index_path = patched_copy / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    key = next(name for name in sorted(index["weight_map"]) if name.endswith("mlp.gate_proj.weight"))
+    shard = patched_copy / index["weight_map"][key]
+    tensors = load_file(shard)
+    tensors[key.replace("gate_proj", "gate_projection")] = tensors.pop(key)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index["weight_map"][key.replace("gate_proj", "gate_projection")] = index["weight_map"].pop(key)
+    index_path.write_text(json.dumps(index), encoding="utf-8")
+
+    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    layer = key.split(".layers.")[1].split(".")[0]
+    assert any(f"layers.{layer}.mlp.gate_proj" in name for name in doc["load_info"]["missing_keys"])
+    assert any("gate_projection" in name for name in doc["load_info"]["unexpected_keys"])
+    assert any("missing" in failure for failure in doc["failures"])
+
+
+def test_dynamic_config_switches_on_by_batch(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_dynamic_config", "--batch", "5"]
+        + FAST
+        + ["--json"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["switched_on"] == ["swiglu_mlp"]
+    assert {row["op"]: row["enabled"] for row in doc["dynamic_config"]} == {
+        "swiglu_mlp": True,
+        "mrope": False,
+        "rms_norm": False,
+    }
+    assert doc["pto"]["ops"]["mrope"]["calls"] == 0 and doc["pto"]["ops"]["swiglu_mlp"]["calls"] > 0
+    assert doc["baseline"]["tokens"] == 5 * 8
+
+
+def test_baseline_only_on_an_unpatched_folder(tmp_path: Path):
+    folder = tmp_path / "plain"
+    make_tiny(folder)
+    done = run_cli(["verify", "--model-path", str(folder), "--json"] + FAST, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json_out(done)
+    assert doc["pto"] is None and doc["accuracy"] is None and doc["passed"]
+    refused = run_cli(["verify", "--model-path", str(folder), "--use_pto"] + FAST, tmp_path)
+    assert refused.returncode == 1 and "pto-patch apply" in refused.stderr
