@@ -82,7 +82,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     half = x.shape[-1] // 2
     out = torch.cat((x[..., half:], x[..., :half]), dim=-1)
     out.mul_(signed_sin)
-    return out.addcmul_(x, cos)
+    # Two rounded products, then the sum: the eager `q * cos + rotate_half(q) * sin` bit for bit
+    # (a fused multiply-add rounds once and drifts from it in bf16).
+    return out.add_(x * cos)
 
 
 def _rotary(q, k, cos, sin, section, unsqueeze_dim):

@@ -263,3 +263,18 @@ def test_fused_mrope_runs_under_inference_mode(monkeypatch):
     expected, _ = reference.mrope(q, k, cos, sin, [2, 3, 3])
     assert torch.allclose(q_embed, expected, atol=1e-6)
     assert pto_kernels.stats()["mrope"]["backends"] == {"fused": 1}
+
+
+@pytest.mark.parametrize("section", [[16, 24, 24], [2, 3, 3]])
+def test_fused_mrope_gives_the_eager_bits_in_bf16(section):
+    head_dim = 2 * sum(section)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 9, 4, head_dim, generator=gen).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, 9, 2, head_dim, generator=gen).to(torch.bfloat16).transpose(1, 2)
+    cos = torch.randn(3, 1, 9, head_dim, generator=gen).to(torch.bfloat16)
+    sin = torch.randn(3, 1, 9, head_dim, generator=gen).to(torch.bfloat16)
+    from pto_kernels import reference
+
+    got_pair, expected_pair = fused.mrope(q, k, cos, sin, section), reference.mrope(q, k, cos, sin, section)
+    for got, expected in zip(got_pair, expected_pair, strict=True):
+        assert torch.equal(got, expected)
