@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from pto_patch.errors import EXIT_ERROR, PtoPatchError
 
@@ -45,7 +46,7 @@ def report_error(exc: BaseException, *, as_json: bool = False) -> int:
     if as_json:
         print_json({"error": message, "hint": hint, "exit_code": code})
     else:
-        err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+        err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
         if hint:
-            err.print(f"[bold]hint:[/] {hint}", markup=True, highlight=False)
+            err.print(f"[bold]hint:[/] {escape(hint)}", markup=True, highlight=False)
     return code

@@ -246,7 +246,7 @@ def _put_back(
         path = folder / record.path
         if record.path in keep_edited and path.is_file():
             edited = path.with_name(path.name + ".edited")
-            atomic_write_bytes(edited, path.read_bytes())
+            atomic_write_bytes(edited, path.read_bytes(), mode=file_mode(path))
             kept.append(edited.relative_to(folder).as_posix())
         if record.action == "added":
             if path.is_symlink() or path.exists():
@@ -292,24 +292,39 @@ def _sanitized(name: str) -> str:
     return f"_{name}" if name[:1].isdigit() else name
 
 
-def _purge_module_caches(folder: Path) -> list[str]:
-    """Remove transformers' cached copies of this folder's remote code that pto-patch wrote."""
+def _purge_module_caches(folder: Path, manifest: Manifest) -> list[str]:
+    """Remove transformers' cached copies of the remote code apply wrote into this folder.
+
+    transformers copies a local folder's code to `<modules>/transformers_modules/<name>[/<hash>]/`.
+    Only copies whose bytes are exactly a file apply wrote are removed, so another folder with the
+    same name keeps its cache.
+    """
     home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
     )
     modules = Path(os.environ.get("HF_MODULES_CACHE") or os.path.join(home, "modules"))
+    written = {record.sha256_after for record in manifest.files if record.path.endswith(".py")}
     purged = []
-    for name in {folder.name, _sanitized(folder.name)}:
-        cached = modules / "transformers_modules" / name
-        if not cached.is_dir():
+    for name in sorted({folder.name, _sanitized(folder.name)}):
+        root = modules / "transformers_modules" / name
+        if not root.is_dir():
             continue
-        ours = any(
-            b"pto-patch" in path.read_bytes()[:2048] for path in cached.rglob("*.py") if path.is_file()
-        )
-        if ours:
-            shutil.rmtree(cached, ignore_errors=True)
-            purged.append(str(cached))
+        for candidate in sorted({root, *(p for p in root.iterdir() if p.is_dir())}, reverse=True):
+            copies = [p for p in candidate.glob("*.py") if p.name != "__init__.py"]
+            if copies and any(sha256_file(p) in written for p in copies):
+                shutil.rmtree(candidate, ignore_errors=True)
+                purged.append(str(candidate))
+        if root.is_dir() and not [p for p in root.iterdir() if p.name not in ("__init__.py", "__pycache__")]:
+            shutil.rmtree(root, ignore_errors=True)
     return purged
+
+
+def _roll_back_failed_apply(folder: Path) -> None:
+    """Undo a failed apply at once; if even that fails, the next command finds the manifest in progress."""
+    try:
+        _recover(folder)
+    except Exception:  # the next command rolls back from the manifest
+        pass
 
 
 def _recover(folder: Path) -> bool:
@@ -381,7 +396,16 @@ def apply_patch(
             diff=_unified_diff(folder, planned),
             elapsed_s=time.perf_counter() - started,
         )
-    _write_patch(folder, spec, chosen, planned, info)
+    try:
+        _write_patch(folder, spec, chosen, planned, info)
+    except BaseException as exc:
+        _roll_back_failed_apply(folder)
+        if isinstance(exc, OSError):
+            raise PtoPatchError(
+                f"writing the patch into {folder} failed ({exc.strerror or exc}); the folder was rolled back",
+                "free disk space or fix the folder's permissions, then run apply again",
+            ) from exc
+        raise
     return ApplyResult(
         folder=folder,
         spec=spec.name,
@@ -414,7 +438,7 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
     restored, removed, kept = _put_back(folder, manifest, keep_edited=set(drifted))
     _check_restored(folder, manifest)
     shutil.rmtree(folder / MANIFEST_DIR)
-    purged = _purge_module_caches(folder)
+    purged = _purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,
         restored=tuple(restored),

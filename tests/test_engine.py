@@ -12,7 +12,7 @@ import pytest
 
 from pto_patch import engine
 from pto_patch.cli import main
-from pto_patch.errors import DriftError, ModelFolderError, SpecError
+from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError, SpecError
 from pto_patch.manifest import Manifest, drifted_files
 from tests.folder_snapshot import snapshot
 
@@ -144,13 +144,37 @@ def test_restore_refuses_a_file_edited_since_apply(model_folder: Path, capsys):
         engine.restore_model(model_path=model_folder)
     assert run_cli("restore", "--model-path", str(model_folder)) == 4
     assert "changed since apply" in capsys.readouterr().err
+    modeling.chmod(0o640)
     result = engine.restore_model(model_path=model_folder, force=True)
+    assert (model_folder / "modeling_qwen2_5_vl.py.edited").stat().st_mode & 0o777 == 0o640
     assert result.kept_edited == ("modeling_qwen2_5_vl.py.edited",)
     assert "# my edit" in (model_folder / "modeling_qwen2_5_vl.py.edited").read_text()
     assert not (model_folder / "modeling_qwen2_5_vl.py").exists()
     assert not (model_folder / ".pto_patch").exists()
 
 
+@pytest.mark.parametrize("fail_at", [0, 1, 2, 4, 8])
+def test_a_failed_write_rolls_the_apply_back_at_once(model_folder: Path, monkeypatch, capsys, fail_at):
+    before = snapshot(model_folder)
+    real_write = engine.atomic_write_bytes
+    writes = {"n": 0}
+
+    def write_failing_once(path, data, **kwargs):
+        writes["n"] += 1
+        if writes["n"] == fail_at + 1:
+            raise OSError(28, "No space left on device")
+        real_write(path, data, **kwargs)
+
+    monkeypatch.setattr(engine, "atomic_write_bytes", write_failing_once)
+    assert run_cli("apply", "--model-path", str(model_folder)) == 1
+    stderr = capsys.readouterr().err
+    assert "No space left on device" in stderr and "rolled back" in stderr
+    assert "Traceback" not in stderr
+    assert snapshot(model_folder) == before
+
+
+# Every write after the Nth fails, so the immediate rollback fails too (as if the process died):
+# the next command must find the manifest in progress and roll back from it.
 @pytest.mark.parametrize("fail_after", [1, 2, 4, 8])
 def test_interrupted_apply_is_rolled_back_by_the_next_command(model_folder: Path, monkeypatch, fail_after):
     before = snapshot(model_folder)
@@ -187,7 +211,7 @@ def test_interrupted_apply_is_completed_by_the_next_apply(model_folder: Path, mo
         real_write(path, data, **kwargs)
 
     monkeypatch.setattr(engine, "atomic_write_bytes", failing_write)
-    with pytest.raises(OSError):
+    with pytest.raises(PtoPatchError, match="No space left on device"):
         engine.apply_patch(model_path=model_folder)
     monkeypatch.setattr(engine, "atomic_write_bytes", real_write)
     result = engine.apply_patch(model_path=model_folder)
@@ -303,12 +327,16 @@ def test_restore_removes_kernel_bytecode_and_purges_module_cache(model_folder: P
     cache = tmp_path / "modules" / "transformers_modules" / "GutenOCR_hyphen_3B" / "0123"
     cache.mkdir(parents=True)
     (cache / "modeling_qwen2_5_vl.py").write_bytes((model_folder / "modeling_qwen2_5_vl.py").read_bytes())
+    other = cache.parent / "4567"  # another folder of the same name, with its own code
+    other.mkdir()
+    (other / "modeling_qwen2_5_vl.py").write_text("# someone else's remote code\n")
     pycache = model_folder / "pto_kernels" / "__pycache__"
     pycache.mkdir()
     (pycache / "__init__.cpython-311.pyc").write_bytes(b"\0")
     result = engine.restore_model(model_path=model_folder)
     assert snapshot(model_folder) == before
-    assert result.purged_module_caches and not cache.exists()
+    assert result.purged_module_caches == (str(cache),) and not cache.exists()
+    assert (other / "modeling_qwen2_5_vl.py").is_file()
 
 
 def test_cli_start_imports_neither_torch_nor_transformers(model_folder: Path):
