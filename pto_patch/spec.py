@@ -139,9 +139,14 @@ def load_spec(name: str) -> ModelSpec:
 
 def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:
     """`rms_norm,mrope` -> ('rms_norm', 'mrope'), in the canonical order; None means every op of the spec."""
-    if text is None or text.strip() in ("", "all"):
+    if text is None or text.strip() == "all":
         return tuple(op for op in OPS if op in spec.injections)
     wanted = [part.strip() for part in text.split(",") if part.strip()]
+    if not wanted:
+        raise SpecError(
+            "--ops names no op",
+            f"choose from: {', '.join(op for op in OPS if op in spec.injections)} (or leave --ops out for all)",
+        )
     unknown = [op for op in wanted if op not in spec.injections]
     if unknown:
         raise SpecError(

@@ -471,8 +471,13 @@ def make_tiny(
     full_width: bool = False,
     layers: int | None = None,
     seed: int = 0,
+    force: bool = False,
 ) -> TinyModelResult:
-    """Write a random-weight model of `model`'s architecture into `directory` (created if missing)."""
+    """Write a random-weight model of `model`'s architecture into `directory` (created if missing).
+
+    A folder that already holds files is refused unless `force`: pointed at a real download by
+    mistake, make-tiny would replace its config.json and weights with random ones.
+    """
     plan = _plan(model, full_width, layers)
     folder = Path(directory).expanduser().resolve()
     if (folder / ".pto_patch" / "manifest.json").exists():
@@ -482,6 +487,11 @@ def make_tiny(
         )
     if folder.exists() and not folder.is_dir():
         raise ModelFolderError(f"{folder} exists and is not a folder", "pick a folder path")
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise ModelFolderError(
+            f"{folder} is not empty; make-tiny would overwrite its files with a random-weight model",
+            "pick a new or empty folder, or pass --force to overwrite",
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -118,6 +118,14 @@ def test_apply_with_other_ops_on_a_patched_folder_is_refused(model_folder: Path)
         engine.apply_patch(model_path=model_folder, ops="mrope")
 
 
+@pytest.mark.parametrize("ops", ["", " , ", "rms_norm,softmax"])
+def test_ops_that_name_nothing_or_an_unknown_op_are_refused(model_folder: Path, ops):
+    before = snapshot(model_folder)
+    with pytest.raises(SpecError):
+        engine.apply_patch(model_path=model_folder, ops=ops)
+    assert snapshot(model_folder) == before
+
+
 def test_ops_subset_is_recorded(model_folder: Path):
     result = engine.apply_patch(model_path=model_folder, ops="swiglu_mlp,rms_norm")
     assert result.ops == ("rms_norm", "swiglu_mlp")
