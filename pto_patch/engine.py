@@ -12,7 +12,7 @@ import difflib
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pto_patch import __version__
@@ -383,19 +383,17 @@ def apply_patch(
     if not dry_run:
         rolled_back = _recover(folder)
     planned, info = plan_patch(folder, spec, chosen)
-    files = tuple((item.path, item.action) for item in planned)
+    result = ApplyResult(
+        folder=folder,
+        spec=spec.name,
+        ops=chosen,
+        release=info["release"],
+        source=info["source"],
+        files=tuple((item.path, item.action) for item in planned),
+    )
     if dry_run:
-        return ApplyResult(
-            folder=folder,
-            spec=spec.name,
-            ops=chosen,
-            release=info["release"],
-            source=info["source"],
-            files=files,
-            dry_run=True,
-            diff=_unified_diff(folder, planned),
-            elapsed_s=time.perf_counter() - started,
-        )
+        diff = _unified_diff(folder, planned)
+        return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
     try:
         _write_patch(folder, spec, chosen, planned, info)
     except BaseException as exc:
@@ -406,16 +404,7 @@ def apply_patch(
                 "free disk space or fix the folder's permissions, then run apply again",
             ) from exc
         raise
-    return ApplyResult(
-        folder=folder,
-        spec=spec.name,
-        ops=chosen,
-        release=info["release"],
-        source=info["source"],
-        files=files,
-        rolled_back_interrupted=rolled_back,
-        elapsed_s=time.perf_counter() - started,
-    )
+    return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)
 
 
 def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = None, force: bool = False):
