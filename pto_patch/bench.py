@@ -9,7 +9,6 @@ read, over a copy bandwidth measured in the same run.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -17,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch import verify
-from pto_patch.errors import EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED, PtoPatchError
-from pto_patch.spec import load_spec, parse_ops
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -27,30 +25,10 @@ COPY_REPEATS = 5
 
 
 @dataclass(frozen=True)
-class BenchOptions:
-    model: str = "gutenocr_3b"
-    model_path: Path | None = None
-    prompt: str | None = None
-    image: Path | None = None
-    simple_prompt: bool = False
-    device: str | None = None
-    dtype: str = "bf16"
-    warmup: int = 5
-    iters: int = 5
-    batches: str = "1,4,8"
+class BenchOptions(verify.RunOptions):
     output_length: int = 100
-    ops: str | None = None
-    kernel_backend: str | None = None
-    use_compile: bool = False
-    compile_backend: str = "inductor"
-    compile_mode: str | None = None
-    use_acl_graph: bool = False
-    use_dynamic_config: bool = False
-    allow_modified: bool = False
+    batches: str = "1,4,8"
     output_dir: Path = Path(".")
-
-    def to_json(self) -> dict[str, Any]:
-        return {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(self).items()}
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -134,7 +112,7 @@ class BatchRun:
 
 
 @dataclass
-class BenchResult:
+class BenchResult(verify.Checked):
     model_path: str
     device: str
     dtype: str
@@ -150,14 +128,6 @@ class BenchResult:
     files: list[str] = field(default_factory=list)
     kernel_backend: str = "auto"
     options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
 
     @property
     def floor_s(self) -> float:
@@ -229,37 +199,12 @@ class BenchResult:
 
 
 def run_bench(options: BenchOptions) -> BenchResult:
-    from pto_patch.model_folder import resolve_model_folder
-
     batches = parse_batches(options.batches)
-    verify.check_counts(options.warmup, options.iters, max(batches), options.output_length)
-    spec = load_spec(options.model)
-    folder = resolve_model_folder(options.model_path, spec)
-    if options.image is not None and not Path(options.image).is_file():
-        raise PtoPatchError(f"--image {options.image} does not exist", "pass the path of a PNG or JPEG file")
-    verify.resolve_dtype(options.dtype)
-    if options.ops is not None:
-        parse_ops(options.ops, spec)
-    device = verify.resolve_device(options.device)
-    output_dir = Path(options.output_dir)
-    loaded = verify.load_model(
-        spec, folder, device, options.dtype, use_pto=True, allow_modified=options.allow_modified
-    )
-    failures = verify.load_failures(loaded.load_info)
-    warnings: list[str] = []
-    if loaded.state.modified_files:
-        warnings.append(
-            "--allow-modified: ran edited patched files: " + ", ".join(loaded.state.modified_files)
-        )
-    compile_options = verify.VerifyOptions(
-        use_compile=options.use_compile,
-        compile_backend=options.compile_backend,
-        compile_mode=options.compile_mode,
-        use_acl_graph=options.use_acl_graph,
-    )
-    verify.apply_compile(loaded.model, compile_options, warnings)
+    loaded, failures, warnings = verify.start_run(options, batch=max(batches), use_pto=True)
+    spec, folder, device = loaded.spec, loaded.folder, loaded.device
+    verify.apply_compile(loaded.model, options, warnings)
     single, description = verify.build_inputs(loaded, options.prompt, options.image, options.simple_prompt)
-    kernel_backend = options.kernel_backend or os.environ.get("PTO_KERNELS_BACKEND") or "auto"
+    kernel_backend = verify.kernel_backend_name(options)
     kernels = loaded.kernels
 
     runs = []
@@ -320,7 +265,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         options=options.to_json(),
     )
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
-        path = output_dir / name
+        path = Path(options.output_dir) / name
         verify.write_report(result.mode_document(mode), path)
         result.files.append(str(path))
     return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -118,12 +118,17 @@ def make_tiny(
     ] = False,
     layers: Annotated[int | None, typer.Option("--layers", help="Decoder layers.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed for the weights.")] = 0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite a folder that already holds files.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a random-weight model of the spec's architecture, offline (for tests and the demo)."""
     from pto_patch import render, tiny_model
 
-    result = tiny_model.make_tiny(directory, model=model, full_width=full_width, layers=layers, seed=seed)
+    result = tiny_model.make_tiny(
+        directory, model=model, full_width=full_width, layers=layers, seed=seed, force=force
+    )
     render.make_tiny_result(result, as_json=as_json)
 
 
@@ -174,6 +179,8 @@ def download(
 
 # --- verify, bench, demo (owner: verify work) ----------------------------------------------------
 # Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
+# verify and bench name their parameters as the fields of VerifyOptions / BenchOptions (shared ones
+# in verify.RunOptions), so `_options` hands them over without a list to keep in step.
 
 PromptOpt = Annotated[
     str | None,
@@ -196,6 +203,9 @@ DeviceOpt = Annotated[
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
+OutputLengthOpt = Annotated[
+    int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
+]
 WarmupOpt = Annotated[int, typer.Option("--warmup", help="Warm-up runs (10 new tokens each) per mode.")]
 ItersOpt = Annotated[int, typer.Option("--iters", help="Timed runs per mode (averaged).")]
 KernelBackendOpt = Annotated[
@@ -233,6 +243,11 @@ AllowModifiedOpt = Annotated[
 ]
 
 
+def _options(options_class: type, parameters: dict[str, Any]):
+    """The options dataclass from a command's parameters, which bear its field names (all but --json)."""
+    return options_class(**{name: value for name, value in parameters.items() if name != "as_json"})
+
+
 @app.command()
 def verify(
     model: ModelOpt = "gutenocr_3b",
@@ -245,17 +260,15 @@ def verify(
     warmup: WarmupOpt = 5,
     iters: ItersOpt = 5,
     batch: Annotated[int, typer.Option("--batch", help="Batch size (the same input repeated).")] = 1,
-    output_length: Annotated[
-        int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
-    ] = 50,
+    output_length: OutputLengthOpt = 50,
     use_pto: Annotated[
         bool, typer.Option("--use_pto", "--use-pto", help="Also run with the kernels on and compare.")
     ] = False,
     ops: OpsOpt = None,
     kernel_backend: KernelBackendOpt = None,
     use_compile: UseCompileOpt = False,
-    backend: CompileBackendOpt = "inductor",
-    mode: CompileModeOpt = None,
+    compile_backend: CompileBackendOpt = "inductor",
+    compile_mode: CompileModeOpt = None,
     use_acl_graph: AclGraphOpt = False,
     use_dynamic_config: DynamicConfigOpt = False,
     atol: Annotated[
@@ -272,36 +285,11 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
+    parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch import verify_render
     from pto_patch.verify import VerifyOptions, run_verify
 
-    options = VerifyOptions(
-        model=model,
-        model_path=model_path,
-        prompt=prompt,
-        image=image,
-        simple_prompt=simple_prompt,
-        device=device,
-        dtype=dtype,
-        warmup=warmup,
-        iters=iters,
-        batch=batch,
-        output_length=output_length,
-        use_pto=use_pto,
-        ops=ops,
-        kernel_backend=kernel_backend,
-        use_compile=use_compile,
-        compile_backend=backend,
-        compile_mode=mode,
-        use_acl_graph=use_acl_graph,
-        use_dynamic_config=use_dynamic_config,
-        atol=atol,
-        rtol=rtol,
-        strict=strict,
-        allow_modified=allow_modified,
-        report_file=report_file,
-    )
-    report = run_verify(options)
+    report = run_verify(_options(VerifyOptions, parameters))
     verify_render.verify_report(report, as_json=as_json)
     raise typer.Exit(report.exit_code)
 
@@ -318,14 +306,12 @@ def bench(
     warmup: WarmupOpt = 5,
     iters: ItersOpt = 5,
     batches: Annotated[str, typer.Option("--batches", help="Comma-separated batch sizes.")] = "1,4,8",
-    output_length: Annotated[
-        int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
-    ] = 100,
+    output_length: OutputLengthOpt = 100,
     ops: OpsOpt = None,
     kernel_backend: KernelBackendOpt = None,
     use_compile: UseCompileOpt = False,
-    backend: CompileBackendOpt = "inductor",
-    mode: CompileModeOpt = None,
+    compile_backend: CompileBackendOpt = "inductor",
+    compile_mode: CompileModeOpt = None,
     use_acl_graph: AclGraphOpt = False,
     use_dynamic_config: DynamicConfigOpt = False,
     allow_modified: AllowModifiedOpt = False,
@@ -338,32 +324,11 @@ def bench(
     as_json: JsonOpt = False,
 ) -> None:
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
+    parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch import verify_render
     from pto_patch.bench import BenchOptions, run_bench
 
-    options = BenchOptions(
-        model=model,
-        model_path=model_path,
-        prompt=prompt,
-        image=image,
-        simple_prompt=simple_prompt,
-        device=device,
-        dtype=dtype,
-        warmup=warmup,
-        iters=iters,
-        batches=batches,
-        output_length=output_length,
-        ops=ops,
-        kernel_backend=kernel_backend,
-        use_compile=use_compile,
-        compile_backend=backend,
-        compile_mode=mode,
-        use_acl_graph=use_acl_graph,
-        use_dynamic_config=use_dynamic_config,
-        allow_modified=allow_modified,
-        output_dir=output_dir,
-    )
-    result = run_bench(options)
+    result = run_bench(_options(BenchOptions, parameters))
     verify_render.bench_result(result, as_json=as_json)
     raise typer.Exit(result.exit_code)
 

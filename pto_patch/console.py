@@ -38,7 +38,8 @@ def report_error(exc: BaseException, *, as_json: bool = False) -> int:
     if isinstance(exc, PtoPatchError):
         message, hint, code = exc.message, exc.hint, exc.exit_code
     else:
-        message = f"unexpected error: {type(exc).__name__}: {exc}"
+        first_line = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        message = f"unexpected error: {type(exc).__name__}: {first_line}"
         hint = f"rerun with {DEBUG_ENV}=1 for the full traceback, and report it"
         code = EXIT_ERROR
     if debug_enabled():

@@ -51,7 +51,9 @@ def load_tokenizer(folder: str | Path):
 
 
 def load_image_processor(folder: str | Path):
-    from transformers import AutoImageProcessor
+    # Not `from transformers import AutoImageProcessor`: 5.8 - 5.16 export a placeholder there that
+    # raises ImportError without torchvision; the module itself falls back to the Pillow processor.
+    from transformers.models.auto.image_processing_auto import AutoImageProcessor
 
     return AutoImageProcessor.from_pretrained(str(folder))
 

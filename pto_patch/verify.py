@@ -82,7 +82,10 @@ DYNAMIC_CONFIG_TABLE = (
 
 
 @dataclass(frozen=True)
-class VerifyOptions:
+class RunOptions:
+    """What verify and bench both run: the model and its input, where, in which dtype, how often,
+    which kernels and how compiled. Each command's options extend it."""
+
     model: str = "gutenocr_3b"
     model_path: Path | None = None
     prompt: str | None = None
@@ -92,9 +95,7 @@ class VerifyOptions:
     dtype: str = "bf16"
     warmup: int = 5
     iters: int = 5
-    batch: int = 1
     output_length: int = 50
-    use_pto: bool = False
     ops: str | None = None
     kernel_backend: str | None = None
     use_compile: bool = False
@@ -102,15 +103,21 @@ class VerifyOptions:
     compile_mode: str | None = None
     use_acl_graph: bool = False
     use_dynamic_config: bool = False
-    atol: float | None = None
-    rtol: float | None = None
-    strict: bool = False
     allow_modified: bool = False
-    report_file: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         return {key: (str(value) if isinstance(value, Path) else value) for key, value in data.items()}
+
+
+@dataclass(frozen=True)
+class VerifyOptions(RunOptions):
+    batch: int = 1
+    use_pto: bool = False
+    atol: float | None = None
+    rtol: float | None = None
+    strict: bool = False
+    report_file: Path | None = None
 
 
 def check_counts(warmup: int, iters: int, batch: int, output_length: int) -> None:
@@ -210,21 +217,26 @@ def resolve_device(text: str | None) -> DeviceChoice:
     return DeviceChoice(f"{kind}:{index}", kind, "requested")
 
 
-def resolve_dtype(name: str):
-    import torch
-
+def dtype_key(name: str) -> str:
+    """The torch dtype attribute for a --dtype name ('bf16' -> 'bfloat16'); a usage error otherwise."""
     key = DTYPE_NAMES.get(name.strip().lower())
     if key is None:
         raise PtoPatchError(
             f"--dtype '{name}' is not supported",
-            "use bf16, fp16 or fp32",
+            "use bf16, fp16 or fp32 (or bfloat16, float16, half, float32, float)",
             exit_code=EXIT_USAGE,
         )
-    return getattr(torch, key)
+    return key
+
+
+def resolve_dtype(name: str):
+    import torch
+
+    return getattr(torch, dtype_key(name))
 
 
 def tolerances(dtype_name: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default_atol, default_rtol = DEFAULT_TOLERANCES[DTYPE_NAMES[dtype_name.strip().lower()]]
+    default_atol, default_rtol = DEFAULT_TOLERANCES[dtype_key(dtype_name)]
     return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
 
 
@@ -363,8 +375,22 @@ class LoadInfo:
         return asdict(self)
 
 
+class Checked:
+    """`passed` and the exit code of a report that lists its `failures` (verify's and bench's)."""
+
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
+
+
 @dataclass
-class VerifyReport:
+class VerifyReport(Checked):
     model_path: str
     device: str
     device_reason: str
@@ -390,14 +416,6 @@ class VerifyReport:
     peak_memory_source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     report_file: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
 
     def ratios(self) -> dict[str, float | None]:
         if self.pto is None:
@@ -489,17 +507,24 @@ class FolderState:
 
 
 def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> FolderState:
-    """Refuse to run code that differs from what apply wrote (unless allowed)."""
-    from pto_patch.manifest import Manifest, drifted_files
+    """Refuse to run half-patched code, or code that differs from what apply wrote (unless allowed)."""
+    from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest, drifted_files
 
-    if not Manifest.exists_in(folder):
+    # An interrupted apply, as `status` sees it: a manifest still in progress, or a .pto_patch/
+    # folder that never got one.
+    manifest = Manifest.load(folder) if Manifest.exists_in(folder) else None
+    if (folder / MANIFEST_DIR).is_dir() and (manifest is None or manifest.state == STATE_IN_PROGRESS):
+        raise ModelFolderError(
+            f"{folder} holds an interrupted apply; refusing to run its half-patched files",
+            f"run `pto-patch restore --model-path {folder}` (or `pto-patch apply` again)",
+        )
+    if manifest is None:
         if use_pto:
             raise ModelFolderError(
                 f"{folder} is not patched (no .pto_patch/manifest.json): --use_pto has nothing to switch on",
                 f"run `pto-patch apply --model-path {folder}` first, or drop --use_pto for a baseline run",
             )
         return FolderState(folder, False, (), ())
-    manifest = Manifest.load(folder)
     drifted = tuple(drifted_files(folder, manifest))
     if drifted and not allow_modified:
         shown = ", ".join(drifted[:4]) + (" ..." if len(drifted) > 4 else "")
@@ -703,7 +728,7 @@ def load_model(
         spec=spec,
         folder=folder,
         device=device,
-        dtype_name=DTYPE_NAMES[dtype_name.strip().lower()],
+        dtype_name=dtype_key(dtype_name),
         model=model,
         tokenizer=tokenizer,
         load_s=load_s,
@@ -970,7 +995,7 @@ def choose_ops(
     return tuple(op for op in OPS if any(row["op"] == op and row["enabled"] for row in table)), table
 
 
-def apply_compile(model, options: VerifyOptions, warnings: list[str]) -> str | None:
+def apply_compile(model, options: RunOptions, warnings: list[str]) -> str | None:
     """Wrap model.forward: torchair's ACL graph where asked and present, else torch.compile."""
     if not (options.use_compile or options.use_acl_graph):
         return None
@@ -1035,36 +1060,54 @@ def op_failures(reports: dict[str, OpReport], strict: bool) -> tuple[list[str], 
 # --- verify ---------------------------------------------------------------------------------------
 
 
-def run_verify(options: VerifyOptions) -> VerifyReport:
-    from pto_patch.model_folder import resolve_model_folder
-
-    check_counts(options.warmup, options.iters, options.batch, options.output_length)
-    spec = load_spec(options.model)
-    folder = resolve_model_folder(options.model_path, spec)
-    if options.image is not None and not Path(options.image).is_file():
-        raise PtoPatchError(f"--image {options.image} does not exist", "pass the path of a PNG or JPEG file")
+def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
+    """Reject bad option values (usage errors) before any folder, device or model is touched."""
+    check_counts(options.warmup, options.iters, batch, options.output_length)
+    dtype_key(options.dtype)
     if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
         raise PtoPatchError(
             f"--kernel-backend '{options.kernel_backend}' is unknown",
             f"choose from: {', '.join(KERNEL_BACKENDS)}",
             exit_code=EXIT_USAGE,
         )
-    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)  # also validates --dtype
-    resolve_dtype(options.dtype)
     if options.ops is not None:
         parse_ops(options.ops, spec)
-    device = resolve_device(options.device)
 
+
+def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> tuple[LoadedModel, list[str], list[str]]:
+    """What verify and bench start from: options checked, the folder checked, the model loaded once.
+
+    Returns the loaded model, the failures found so far (checkpoint keys) and the warnings.
+    """
+    from pto_patch.model_folder import resolve_model_folder
+
+    spec = load_spec(options.model)
+    check_options(options, spec, batch)
+    folder = resolve_model_folder(options.model_path, spec)
+    if options.image is not None and not Path(options.image).is_file():
+        raise PtoPatchError(f"--image {options.image} does not exist", "pass the path of a PNG or JPEG file")
+    device = resolve_device(options.device)
     loaded = load_model(
-        spec, folder, device, options.dtype, use_pto=options.use_pto, allow_modified=options.allow_modified
+        spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
     )
     warnings: list[str] = []
-    failures = load_failures(loaded.load_info)
     if loaded.state.modified_files:
         warnings.append(
             "--allow-modified: ran patched files that differ from what apply wrote: "
             + ", ".join(loaded.state.modified_files)
         )
+    return loaded, load_failures(loaded.load_info), warnings
+
+
+def kernel_backend_name(options: RunOptions) -> str:
+    """The backend the kernels are asked for: --kernel-backend, else $PTO_KERNELS_BACKEND, else auto."""
+    return options.kernel_backend or os.environ.get("PTO_KERNELS_BACKEND") or "auto"
+
+
+def run_verify(options: VerifyOptions) -> VerifyReport:
+    loaded, failures, warnings = start_run(options, batch=options.batch, use_pto=options.use_pto)
+    spec, folder, device = loaded.spec, loaded.folder, loaded.device
+    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
     if not options.use_pto:
         ignored = [
             flag
@@ -1081,7 +1124,7 @@ def run_verify(options: VerifyOptions) -> VerifyReport:
     compile_note = apply_compile(loaded.model, options, warnings)
     inputs, description = build_inputs(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = batched(inputs, options.batch, device)
-    kernel_backend = options.kernel_backend or os.environ.get("PTO_KERNELS_BACKEND") or "auto"
+    kernel_backend = kernel_backend_name(options)
 
     switched_on: tuple[str, ...] = ()
     table = None

@@ -29,6 +29,17 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+# (label, per-mode key, digits): the rows verify's and bench's timing tables share.
+MODE_ROWS = (
+    ("load (s, shared)", "load_s", 3),
+    ("latency (s)", "latency_s", 4),
+    ("tokens per run", "tokens", 0),
+    ("tokens / s", "tokens_per_s", 2),
+    ("tokens / s, median run", "tokens_per_s_median", 2),
+    ("peak memory (MB)", "peak_memory_mb", 1),
+)
+
+
 def _messages(failures: list[str], warnings: list[str]) -> None:
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
@@ -98,15 +109,7 @@ def _timing_table(doc: dict[str, Any]) -> None:
     if pto is not None:
         table.add_column("PTO", justify="right")
         table.add_column("PTO / baseline", justify="right")
-    rows = (
-        ("load (s, shared)", "load_s", 3),
-        ("latency (s)", "latency_s", 4),
-        ("tokens per run", "tokens", 0),
-        ("tokens / s", "tokens_per_s", 2),
-        ("tokens / s, median run", "tokens_per_s_median", 2),
-        ("peak memory (MB)", "peak_memory_mb", 1),
-    )
-    for label, key, digits in rows:
+    for label, key, digits in MODE_ROWS:
         cells = [label, _fmt(base[key], digits)]
         if pto is not None:
             cells += [_fmt(pto[key], digits), _ratio(ratios.get(key, _div(pto[key], base[key])))]
@@ -156,13 +159,7 @@ def bench_result(result, *, as_json: bool) -> None:
     table = Table(title="baseline vs PTO (mean over the timed runs)", title_justify="left")
     for column in ("batch", "metric", "baseline", "PTO", "difference"):
         table.add_column(column, justify="left" if column == "metric" else "right")
-    rows = (
-        ("load (s, shared)", "load_s", 3),
-        ("latency (s)", "latency_s", 4),
-        ("tokens per run", "tokens", 0),
-        ("tokens / s", "tokens_per_s", 2),
-        ("tokens / s, median run", "tokens_per_s_median", 2),
-        ("peak memory (MB)", "peak_memory_mb", 1),
+    rows = MODE_ROWS + (
         ("decode step (ms)", "decode_step_ms", 2),
         ("bandwidth floor / step", "bandwidth_fraction", 4),
     )
@@ -203,6 +200,7 @@ def bench_result(result, *, as_json: bool) -> None:
 def demo_step(name: str, result: Any, seconds: float, as_json: bool) -> None:
     """Progress while the demo runs (stderr under --json, so stdout keeps one document)."""
     from pto_patch import render
+    from pto_patch.demo import TIMING_NOTE
 
     if as_json:
         err.print(f"demo: {name} done in {seconds:.1f} s")
@@ -216,6 +214,7 @@ def demo_step(name: str, result: Any, seconds: float, as_json: bool) -> None:
         render.status_result(result, as_json=False)
     elif name == "verify --use_pto":
         verify_report(result, as_json=False)
+        out.print(f"[yellow]note:[/] {TIMING_NOTE}", markup=True, highlight=False)
     elif name == "restore":
         render.restore_result(result, as_json=False)
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch import bench, engine, verify
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch import bench, cli, engine, verify
+from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, PtoPatchError
+from pto_patch.manifest import STATE_IN_PROGRESS, Manifest
 from pto_patch.tiny_model import make_tiny
 
 MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}
@@ -79,9 +80,38 @@ def test_copy_bandwidth_is_measured():
     assert bench.measure_copy_bandwidth(verify.DeviceChoice("cpu", "cpu", "test"), nbytes=1 << 22) > 0
 
 
-def test_every_bench_option_spelling_parses(monkeypatch, tmp_path: Path):
-    from pto_patch import cli
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--dtype", "int8", "--dtype 'int8' is not supported"),
+        ("--kernel-backend", "cuda", "--kernel-backend 'cuda' is unknown"),
+    ],
+)
+def test_bad_option_values_are_usage_errors_before_the_folder_is_read(
+    tmp_path: Path, capsys, option: str, value: str, message: str
+):
+    with pytest.raises(SystemExit) as stopped:  # tmp_path holds no model: the value is checked first
+        cli.main(["bench", "--model-path", str(tmp_path), option, value, "--json"])
+    error = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == error["exit_code"] == EXIT_USAGE
+    assert error["error"] == message
 
+
+def test_bench_refuses_an_interrupted_apply(tmp_path: Path, capsys):
+    folder = tmp_path / "tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    Manifest.load(folder).with_state(STATE_IN_PROGRESS).save(folder)  # as a killed apply leaves it
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["bench", "--model-path", str(folder), "--batches", "1", "--output_length", "1", "--warmup",
+                  "0", "--iters", "1", "--output-dir", str(tmp_path / "out"), "--json"])  # fmt: skip
+    error = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == error["exit_code"] == EXIT_ERROR
+    assert "interrupted apply" in error["error"] and "pto-patch restore" in error["hint"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_bench_option_spelling_parses(monkeypatch, tmp_path: Path):
     seen = []
 
     def capture(options):

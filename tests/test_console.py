@@ -27,3 +27,13 @@ def test_unexpected_errors_say_so_and_point_at_the_debug_variable(capsys, as_jso
     captured = capsys.readouterr()
     text = captured.out if as_json else captured.err
     assert "unexpected error: ValueError: boom" in text and "PTO_PATCH_DEBUG=1" in text
+
+
+def test_an_unexpected_multi_line_error_stays_on_one_line(capsys):
+    report_error(ImportError("\nAutoImageProcessor requires the Torchvision library.\nSee the docs."))
+    lines = capsys.readouterr().err.splitlines()
+    assert (
+        lines[0]
+        == "error: unexpected error: ImportError: AutoImageProcessor requires the Torchvision library."
+    )
+    assert len(lines) == 2 and lines[1].startswith("hint:")

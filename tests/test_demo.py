@@ -47,6 +47,11 @@ def test_demo_in_a_temporary_folder_leaves_nothing_behind(tmp_path: Path):
     ]
     report = doc["verify"]
     assert report["passed"] and report["input"]["kind"] == "image"
+    # Timing on the tiny model: more than a couple of runs per mode, and labelled for what it is.
+    assert len(report["baseline"]["latencies_s"]) >= 5 and len(report["pto"]["latencies_s"]) >= 5
+    assert report["options"]["warmup"] >= 2
+    assert "indicative only" in doc["timing_note"] and "pto-patch bench" in doc["timing_note"]
+    assert report["dtype"] == "bfloat16" and report["accuracy"]["max_abs_logit_diff"] == 0
     assert all(entry["calls"] > 0 for entry in report["pto"]["ops"].values())
     assert doc["modules_cache"] == str(work / demo.MODULES_DIR)
     assert not work.exists()  # created by the demo, removed by it
@@ -61,6 +66,7 @@ def test_demo_keep_leaves_the_restored_model(tmp_path: Path):
     done = run_demo_cli(["--dir", str(work), "--keep"], tmp_path, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     assert "PASSED" in done.stdout and "identical" in done.stdout
+    assert "indicative only" in done.stdout and "--full-width" in done.stdout
     model = work / demo.MODEL_DIR
     assert (model / "config.json").is_file() and (work / demo.IMAGE_NAME).is_file()
     assert not (model / ".pto_patch").exists() and not (model / "pto_kernels").exists()

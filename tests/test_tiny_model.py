@@ -270,3 +270,15 @@ def test_refuses_a_patched_folder(tmp_path: Path) -> None:
 def test_unknown_model_is_a_spec_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="unknown model"):
         make_tiny(tmp_path, model="no_such_model")
+
+
+def test_refuses_a_folder_with_files_unless_forced(tmp_path: Path) -> None:
+    folder = tmp_path / "real-download"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+    with pytest.raises(ModelFolderError, match="not empty"):
+        make_tiny(folder)
+    assert (folder / "config.json").read_text() == '{"model_type": "qwen2_5_vl"}'
+    assert run_cli("make-tiny", str(folder)) == 1
+    assert run_cli("make-tiny", str(folder), "--force") == 0
+    assert (folder / "model.safetensors.index.json").is_file()

@@ -7,7 +7,9 @@ Every such process gets its own HF_HOME and HF_MODULES_CACHE.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -19,13 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch import cli, engine, verify
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch import bench, cli, engine, verify
+from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
+from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.ocr_inputs import sample_image
 from pto_patch.spec import load_spec
 from pto_patch.tiny_model import make_tiny
 
 FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8"]
+SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
 REPORT_KEYS = {
     "schema_version",
     "model_path",
@@ -138,6 +142,105 @@ def test_dtype_names_and_tolerances():
         verify.resolve_dtype("int8")
     assert verify.tolerances("fp32", None, None)[0] < verify.tolerances("bf16", None, None)[0]
     assert verify.tolerances("bf16", 0.5, None) == (0.5, verify.DEFAULT_TOLERANCES["bfloat16"][1])
+
+
+def test_an_unknown_dtype_is_a_usage_error_not_a_crash(patched_tiny: Path, capsys):
+    with pytest.raises(PtoPatchError) as caught:
+        verify.tolerances("int8", None, None)
+    assert caught.value.exit_code == EXIT_USAGE
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["verify", "--model-path", str(patched_tiny), "--dtype", "int8", "--json"])
+    error = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == error["exit_code"] == EXIT_USAGE
+    assert error["error"] == "--dtype 'int8' is not supported"
+    assert all(name in error["hint"] for name in ("bf16", "fp16", "fp32"))
+
+
+def _interrupt(folder: Path) -> None:
+    """Leave `folder` as an apply killed half-way leaves it: the manifest still in progress."""
+    Manifest.load(folder).with_state(STATE_IN_PROGRESS).save(folder)
+
+
+@pytest.mark.parametrize("use_pto", [True, False])
+def test_an_interrupted_apply_is_refused(patched_copy: Path, use_pto: bool):
+    _interrupt(patched_copy)
+    with pytest.raises(ModelFolderError, match="interrupted apply") as caught:
+        verify.check_folder(patched_copy, use_pto=use_pto, allow_modified=True)
+    assert "pto-patch restore" in caught.value.hint
+
+
+def test_a_patch_folder_without_a_manifest_is_an_interrupted_apply(patched_copy: Path):
+    Manifest.path_in(patched_copy).unlink()  # apply stopped after the backups, before the manifest
+    assert (patched_copy / MANIFEST_DIR).is_dir()
+    with pytest.raises(ModelFolderError, match="interrupted apply"):
+        verify.check_folder(patched_copy, use_pto=False, allow_modified=False)
+
+
+def test_verify_refuses_an_interrupted_apply(patched_copy: Path, capsys):
+    _interrupt(patched_copy)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["verify", "--model-path", str(patched_copy), "--use_pto", "--json", *FAST])
+    error = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == error["exit_code"] == EXIT_ERROR
+    assert "interrupted apply" in error["error"] and "pto-patch restore" in error["hint"]
+
+
+def test_the_cli_parameters_are_the_options_fields():
+    """verify and bench hand their parameters to the options dataclasses by name; the shared ones
+    are declared once, in verify.RunOptions."""
+    shared = {field.name for field in dataclasses.fields(verify.RunOptions)}
+    for command, options_class in ((cli.verify, verify.VerifyOptions), (cli.bench, bench.BenchOptions)):
+        assert issubclass(options_class, verify.RunOptions)
+        fields = {field.name for field in dataclasses.fields(options_class)}
+        assert set(inspect.signature(command).parameters) - {"as_json"} == fields
+        assert shared <= fields
+
+
+def _schema_section(title: str) -> str:
+    return SCHEMAS.read_text(encoding="utf-8").split(f"\n## {title}\n")[1].split("\n## ")[0]
+
+
+def _sample_metrics() -> verify.ModeMetrics:
+    return verify.ModeMetrics(
+        load_s=1.0,
+        latency_s=0.5,
+        tokens=8,
+        tokens_per_s=16.0,
+        peak_memory_mb=10.0,
+        batch=1,
+        new_tokens_per_sequence=8,
+        latencies_s=[0.4, 0.6],
+        prefill_s=0.1,
+        decode_step_s=0.05,
+    )
+
+
+def test_every_per_mode_key_is_documented():
+    section = _schema_section("verify")
+    assert [key for key in _sample_metrics().to_json() if f"`{key}`" not in section] == []
+
+
+def test_every_key_of_the_bench_files_is_documented():
+    """bench_baseline.json / bench_pypto.json: the header and each run's keys beyond verify's per-mode ones."""
+    metrics = _sample_metrics()
+    runs = [bench.BatchRun(1, bench.ModeRun(metrics), bench.ModeRun(metrics, {}), ("mrope",), None)]
+    result = bench.BenchResult(
+        model_path="m",
+        device="cpu",
+        dtype="float32",
+        versions={},
+        input={"kind": "text"},
+        load_info=verify.LoadInfo([], [], [], None),
+        weight_bytes_per_token=1000,
+        copy_bandwidth_bytes_s=1e9,
+        peak_memory_source="rss",
+        runs=runs,
+    )
+    section = _schema_section("bench")
+    for mode in ("baseline", "pto"):
+        doc = result.mode_document(mode)
+        keys = set(doc) | set(doc["runs"][0]) - set(metrics.to_json())
+        assert sorted(key for key in keys if f"`{key}`" not in section) == []
 
 
 def test_dynamic_config_follows_the_reference_table():

@@ -1,0 +1,244 @@
+"""The patch works under every supported transformers release, not only the venv's own.
+
+For each release, a fresh interpreter runs with that release's env (tests/release_envs.py) first on
+PYTHONPATH, so its transformers shadows the venv's. In it: make a tiny model, apply the patch (which
+must take that release's modeling file), load the patched model as remote code and the stock class
+from the same folder, compare logits with the kernel switches off (exactly equal) and on with the
+torch backend (close, every op called), text only and with an image, then restore, which must give
+back the folder byte for byte. The venv's own release is covered by test_patched_model_loads.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.release_envs import EnvUnavailable, release_env, unmet_requirements
+
+REPO = Path(__file__).resolve().parents[1]
+RELEASES = ("4.57.6", "5.0.0", "5.8.1", "5.16.1")
+RUN_TIMEOUT_S = 300
+
+# Runs under the release's transformers; prints one JSON line of facts for the asserts.
+UNDER_RELEASE = r"""
+import inspect, json, sys
+from pathlib import Path
+
+release, folder = sys.argv[1], Path(sys.argv[2])
+import huggingface_hub, tokenizers, torch, transformers
+facts = {
+    "version": transformers.__version__,
+    "transformers_from": transformers.__file__,
+    "hub": huggingface_hub.__version__,
+    "tokenizers": tokenizers.__version__,
+}
+
+from pto_patch import engine
+from pto_patch.manifest import Manifest
+from pto_patch.ocr_inputs import build_inputs, sample_image
+from pto_patch.tiny_model import make_tiny
+from tests.folder_snapshot import snapshot
+
+make_tiny(folder)
+before = snapshot(folder)
+engine.apply_patch(model_path=folder)
+manifest = Manifest.load(folder)
+facts["manifest_release"] = manifest.transformers_release
+facts["manifest_source"] = manifest.source
+
+from transformers import AutoModelForImageTextToText, Qwen2_5_VLForConditionalGeneration
+
+dtype = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+patched, info = AutoModelForImageTextToText.from_pretrained(
+    str(folder), trust_remote_code=True, output_loading_info=True, attn_implementation="eager", **dtype
+)
+stock = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", **dtype)
+facts["class"] = type(patched).__name__
+facts["module"] = type(patched).__module__
+facts["missing"] = sorted(info["missing_keys"])
+facts["unexpected"] = sorted(info["unexpected_keys"])
+
+sys.path.insert(0, str(folder))
+import pto_kernels
+facts["kernels_from"] = pto_kernels.__file__
+
+def compare(name, inputs):
+    with torch.no_grad():
+        reference = stock(**inputs).logits
+        off = patched(**inputs).logits
+        pto_kernels.reset_stats()
+        with pto_kernels.enabled(backend="torch"):
+            on = patched(**inputs).logits
+    stats = pto_kernels.stats()
+    facts[name] = {
+        "max_diff_off": (off - reference).abs().max().item(),
+        "max_diff_on": (on - reference).abs().max().item(),
+        "logit_std": reference.std().item(),
+        "calls": {op: s["calls"] for op, s in stats.items()},
+        "fallbacks": {op: s["fallbacks"] for op, s in stats.items()},
+        "inputs": sorted(inputs),
+    }
+
+compare("text", {"input_ids": torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])})
+# The image path of the modeling code, with the image processor taken from its own module: 5.8 - 5.16
+# export `transformers.AutoImageProcessor` as a placeholder that needs torchvision.
+from transformers.models.auto.image_processing_auto import AutoImageProcessor
+
+prompt, image = "Read the text in the image.", sample_image()
+inputs = build_inputs(folder, prompt, image, image_processor=AutoImageProcessor.from_pretrained(str(folder)))
+compare("image", inputs)
+facts["image"]["stock_takes_mm_token_type_ids"] = "mm_token_type_ids" in inspect.signature(stock.forward).parameters
+# What users get: build_inputs loading the image processor itself.
+try:
+    own = build_inputs(folder, prompt, image)
+    facts["build_inputs_own_processor"] = {
+        "error": None,
+        "same_inputs": sorted(own) == sorted(inputs) and all(torch.equal(own[k], inputs[k]) for k in inputs),
+    }
+except Exception as exc:
+    facts["build_inputs_own_processor"] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
+
+del patched, stock, pto_kernels
+sys.modules.pop("pto_kernels", None)
+engine.restore_model(model_path=folder)
+after = snapshot(folder)
+facts["restore_changed"] = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+print(json.dumps(facts))
+"""
+
+
+def run_under_release(release: str, tmp_path: Path) -> dict:
+    try:
+        env = release_env(release)
+    except EnvUnavailable as exc:
+        pytest.skip(str(exc))
+    if env.built_now:
+        print(f"built the transformers {release} env in {env.build_s:.1f} s: {env.site}")
+    hf_home = tmp_path / "hf"
+    variables = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(env.site), str(REPO)]),
+        "PYTHONNOUSERSITE": "1",
+        "HF_HOME": str(hf_home),
+        "HF_MODULES_CACHE": str(hf_home / "modules"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    for name in ("PTO_KERNELS_BACKEND", "PTO_KERNELS_STRICT", "GUTENOCR_MODEL_PATH"):
+        variables.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", UNDER_RELEASE, release, str(tmp_path / "GutenOCR-tiny")],
+        capture_output=True,
+        text=True,
+        env=variables,
+        cwd=tmp_path,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert done.returncode == 0, f"under transformers {release}:\n{done.stderr[-4000:]}"
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    facts["site"] = str(env.site)
+    facts["folder"] = str(tmp_path / "GutenOCR-tiny")
+    return facts
+
+
+_RESULTS: dict[str, dict | BaseException] = {}  # per release: its facts, or why it failed or skipped
+
+
+@pytest.fixture(params=RELEASES)
+def under_release(request, tmp_path_factory) -> tuple[str, dict]:
+    """(release, facts): one run per release, shared by the tests below."""
+    release = request.param
+    unreachable = [r for r in _RESULTS.values() if isinstance(r, pytest.skip.Exception)]
+    if release not in _RESULTS and unreachable:  # PyPI was unreachable: do not wait on it again
+        _RESULTS[release] = unreachable[0]
+    if release not in _RESULTS:
+        try:
+            _RESULTS[release] = run_under_release(release, tmp_path_factory.mktemp(f"tf{release}"))
+        except (pytest.skip.Exception, AssertionError) as exc:  # remembered: one attempt per release
+            _RESULTS[release] = exc
+        else:
+            print(json.dumps(_RESULTS[release], indent=1))
+    facts = _RESULTS[release]
+    if isinstance(facts, BaseException):
+        raise facts
+    return release, facts
+
+
+def check_logits(release: str, name: str, result: dict) -> None:
+    where = f"transformers {release}, {name}"
+    assert result["logit_std"] > 0.1, f"{where}: constant logits, the comparison would mean nothing"
+    assert result["max_diff_off"] == 0.0, (
+        f"{where}: switches off differ from stock by {result['max_diff_off']}"
+    )
+    assert result["max_diff_on"] < 1e-4, (
+        f"{where}: torch kernels differ from stock by {result['max_diff_on']}"
+    )
+    assert all(calls > 0 for calls in result["calls"].values()), f"{where}: {result['calls']}"
+    assert not any(result["fallbacks"].values()), f"{where}: {result['fallbacks']}"
+
+
+@pytest.mark.slow
+def test_patch_takes_the_release_source_and_loads_every_weight(under_release):
+    release, facts = under_release
+    assert facts["version"] == release
+    assert Path(facts["transformers_from"]).is_relative_to(facts["site"])
+    assert facts["manifest_release"] == release
+    assert Path(facts["manifest_source"]).is_relative_to(facts["site"])
+    assert facts["class"] == "GutenOcr3BVLForConditionalGeneration"
+    assert facts["module"].startswith("transformers_modules.")
+    assert facts["kernels_from"].startswith(facts["folder"])
+    assert facts["missing"] == [] and facts["unexpected"] == [], facts
+
+
+@pytest.mark.slow
+def test_text_logits_match_stock_with_switches_off_and_on(under_release):
+    release, facts = under_release
+    check_logits(release, "text", facts["text"])
+
+
+@pytest.mark.slow
+def test_image_logits_match_stock_with_switches_off_and_on(under_release):
+    release, facts = under_release
+    image = facts["image"]
+    assert {"pixel_values", "image_grid_thw"} <= set(image["inputs"])
+    # 5.8+ place image tokens by mm_token_type_ids; without it positions silently fall back to 1-D.
+    assert ("mm_token_type_ids" in image["inputs"]) == image["stock_takes_mm_token_type_ids"]
+    check_logits(release, "image", image)
+    assert image["calls"]["rms_norm"] > facts["text"]["calls"]["rms_norm"]  # the vision tower's norms too
+
+
+@pytest.mark.slow
+def test_build_inputs_loads_the_image_processor_itself(under_release):
+    release, facts = under_release
+    own = facts["build_inputs_own_processor"]
+    assert own["error"] is None, (
+        f"transformers {release}: build_inputs(folder, prompt, image) raised {own['error']}"
+    )
+    assert own["same_inputs"]
+
+
+@pytest.mark.slow
+def test_restore_gives_back_the_folder_byte_for_byte(under_release):
+    release, facts = under_release
+    assert facts["restore_changed"] == [], f"transformers {release}: {facts['restore_changed']}"
+
+
+def test_unmet_requirements_names_a_version_that_does_not_fit(tmp_path: Path):
+    dist_info = tmp_path / "needs_old_hub-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: needs-old-hub\nVersion: 1.0\n"
+        "Requires-Dist: huggingface-hub<0.1\n"
+        "Requires-Dist: no-such-package-for-pto-patch\n"
+        'Requires-Dist: also-not-installed; extra == "docs"\n'
+    )
+    unmet = unmet_requirements(tmp_path)
+    assert len(unmet) == 2, unmet
+    assert any("huggingface-hub<0.1: found" in line for line in unmet), unmet
+    assert any("no-such-package-for-pto-patch: not installed" in line for line in unmet), unmet
