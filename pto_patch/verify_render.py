@@ -72,6 +72,7 @@ def verify_report(report, *, as_json: bool) -> None:
     )
     for fix in doc["rope_fixes"]:
         out.print(f"  rope fix: {fix}")
+    _other_patchers(doc["other_patchers"])
     if doc["compile"]:
         out.print(f"  compiled: {doc['compile']}")
     if doc["dynamic_config"]:
@@ -89,6 +90,25 @@ def verify_report(report, *, as_json: bool) -> None:
         out.print("[bold green]PASSED[/]", markup=True)
     else:
         out.print(f"[bold red]FAILED[/] ({len(doc['failures'])} check(s)); exit code 3", markup=True)
+
+
+def _other_patchers(patchers: list[dict[str, Any]]) -> None:
+    """One line: none, or per op how many modules another patcher took over (and the first of them)."""
+    if not patchers:
+        out.print("  other patchers: none")
+        return
+    groups: dict[tuple[Any, bool], list[dict[str, Any]]] = {}
+    for patcher in patchers:
+        groups.setdefault((patcher["op"], patcher["bypasses"]), []).append(patcher)
+    parts = []
+    for (op, bypasses), found in groups.items():
+        first = found[0]
+        if op is None:
+            parts.extend(entry["how"] for entry in found)
+            continue
+        verdict = "bypass the guard" if bypasses else "still reach the guard"
+        parts.append(f"{op}: {len(found)} module(s) {verdict}, first {first['module']} ({first['how']})")
+    out.print("  other patchers: " + "; ".join(parts), markup=False, highlight=False)
 
 
 def _dynamic_table(rows: list[dict[str, Any]]) -> None:

@@ -56,7 +56,49 @@ def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
 """
 
 
-def run_cli(args: list[str], tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+# A test-only seam: run the CLI with `verify.load_model` wrapped, so that the loaded model can be changed
+# the way a run-time patcher (Liger's `model=` path, `kernels`' kernelize) changes it. argv[1] holds the
+# change as Python source run with `model` bound; start_run looks load_model up at call time.
+AFTER_LOAD = """
+import sys
+from pto_patch import cli, verify
+
+_change, _load_model = sys.argv.pop(1), verify.load_model
+
+
+def load_model(*args, **kwargs):
+    loaded = _load_model(*args, **kwargs)
+    exec(_change, {"model": loaded.model})
+    return loaded
+
+
+verify.load_model = load_model
+cli.main(sys.argv[1:])
+"""
+# Instance level: one decoder layer's MLP gets a plain forward (what Liger's `model=` path does).
+PATCH_ONE_MLP = """
+mlp = dict(model.named_modules())["model.language_model.layers.0.mlp"]
+mlp.forward = lambda x: mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+"""
+# Class level: the RMSNorm class (text and vision tower) gets a plain forward after import.
+PATCH_RMS_NORM_CLASS = """
+import torch
+
+
+def forward(self, hidden_states):
+    dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon)).to(dtype)
+
+
+type(model.model.language_model.norm).forward = forward
+"""
+
+
+def run_cli(
+    args: list[str], tmp_path: Path, cwd: Path | None = None, after_load: str | None = None
+) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "HF_HOME": str(tmp_path / "hf"),
@@ -65,8 +107,9 @@ def run_cli(args: list[str], tmp_path: Path, cwd: Path | None = None) -> subproc
     }
     env.pop("PTO_KERNELS_BACKEND", None)
     env.pop("GUTENOCR_MODEL_PATH", None)
+    launcher = ["-m", "pto_patch"] if after_load is None else ["-c", AFTER_LOAD, after_load]
     return subprocess.run(
-        [sys.executable, "-m", "pto_patch", *args],
+        [sys.executable, *launcher, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -440,6 +483,7 @@ def test_apply_then_verify_passes_text_and_report_has_every_key(patched_tiny: Pa
     assert printed["pto_kernels_path"] == str((patched_tiny / "pto_kernels").resolve())
     assert printed["load_info"]["missing_keys"] == [] and printed["load_info"]["unexpected_keys"] == []
     assert printed["baseline"]["tokens"] == 8 and printed["pto"]["tokens"] == 8
+    assert printed["other_patchers"] == []  # a clean patched model: only the guards decide
     assert math.isfinite(printed["accuracy"]["max_abs_logit_diff"])
 
 
@@ -569,3 +613,69 @@ def test_baseline_only_on_an_unpatched_folder(tmp_path: Path):
     assert doc["pto"] is None and doc["accuracy"] is None and doc["passed"]
     refused = run_cli(["verify", "--model-path", str(folder), "--use_pto"] + FAST, tmp_path)
     assert refused.returncode == 1 and "pto-patch apply" in refused.stderr
+
+
+# --- other patchers -------------------------------------------------------------------------------
+
+
+def test_other_patcher_checks_fail_only_switched_on_ops():
+    bypass = verify.OtherPatcher("swiglu_mlp", "model.layers.0.mlp", "forward set on the instance: x.f", True)
+    through = verify.OtherPatcher(
+        "rms_norm", "model.norm", "forward set on the instance, still guarded", False
+    )
+    failures, warnings = verify.other_patcher_checks([bypass, bypass, through], ("swiglu_mlp",))
+    assert len(failures) == 1 and failures[0].startswith("swiglu_mlp: 2 module(s) bypass")
+    assert "model.layers.0.mlp" in failures[0] and verify.OTHER_PATCHER_HINT in failures[0]
+    assert len(warnings) == 1 and "model.norm" in warnings[0]
+    failures, warnings = verify.other_patcher_checks([bypass], ("rms_norm",))
+    assert failures == [] and "swiglu_mlp" in warnings[0]
+    assert verify.other_patcher_checks([], ("swiglu_mlp",)) == ([], [])
+
+
+def test_an_instance_forward_replaced_after_loading_fails_verify(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
+        tmp_path,
+        after_load=PATCH_ONE_MLP,
+    )
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["other_patchers"] == [
+        {
+            "op": "swiglu_mlp",
+            "module": "model.language_model.layers.0.mlp",
+            "how": doc["other_patchers"][0]["how"],
+            "bypasses": True,
+        }
+    ]
+    assert doc["other_patchers"][0]["how"].startswith("forward set on the instance")
+    failure = next(f for f in doc["failures"] if f.startswith("swiglu_mlp:"))
+    assert "1 module(s)" in failure and "model.language_model.layers.0.mlp" in failure
+    assert verify.OTHER_PATCHER_HINT in failure
+
+
+def test_a_class_forward_replaced_after_import_fails_verify(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
+        tmp_path,
+        after_load=PATCH_RMS_NORM_CLASS,
+    )
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    modules = [entry["module"] for entry in doc["other_patchers"]]
+    assert {entry["op"] for entry in doc["other_patchers"]} == {"rms_norm"}
+    assert all(
+        entry["bypasses"] and entry["how"].startswith("class forward replaced")
+        for entry in doc["other_patchers"]
+    )
+    assert "model.language_model.norm" in modules
+    assert any(module.startswith("model.visual.") for module in modules)  # the vision tower's norms too
+    failure = next(f for f in doc["failures"] if f.startswith("rms_norm:"))
+    assert f"{len(modules)} module(s)" in failure
+
+
+def test_without_use_pto_another_patcher_is_a_warning(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(["verify", "--model-path", str(patched_tiny)] + FAST, tmp_path, after_load=PATCH_ONE_MLP)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert "other patchers: swiglu_mlp: 1 module(s) bypass the guard" in " ".join(done.stdout.split())
+    assert "warning: swiglu_mlp: 1 module(s) bypass the injected guard" in " ".join(done.stderr.split())
