@@ -119,6 +119,7 @@ class BenchResult(verify.Checked):
     versions: dict[str, str]
     input: dict[str, Any]
     load_info: verify.LoadInfo
+    other_patchers: list[verify.OtherPatcher]
     weight_bytes_per_token: int
     copy_bandwidth_bytes_s: float
     peak_memory_source: str
@@ -142,6 +143,7 @@ class BenchResult(verify.Checked):
             "versions": dict(self.versions),
             "input": dict(self.input),
             "load_info": self.load_info.to_json(),
+            "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
             "bandwidth": {
                 "weight_bytes_per_token": self.weight_bytes_per_token,
                 "copy_bandwidth_gb_s": round(self.copy_bandwidth_bytes_s / 1e9, 3),
@@ -255,6 +257,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         versions=verify.versions(),
         input=description,
         load_info=loaded.load_info,
+        other_patchers=list(loaded.other_patchers),
         weight_bytes_per_token=weight_bytes,
         copy_bandwidth_bytes_s=bandwidth,
         peak_memory_source=verify.peak_memory_source(device),
