@@ -120,6 +120,8 @@ def _jit(device_type: str):
     pypto = _pypto()
     if device_type == "npu":
         return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.NPU})
+    if device_type == "sim":  # cost model only: a cycle report under TILE_FWK_OUTPUT_DIR, outputs unwritten
+        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM})
     if device_type != "cpu":
         raise RuntimeError(f"pypto kernels run on npu (or cpu through the interpreter), not {device_type}")
     use_cpu_interpreter()
