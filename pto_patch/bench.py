@@ -119,7 +119,6 @@ class BenchResult(verify.Checked):
     versions: dict[str, str]
     input: dict[str, Any]
     load_info: verify.LoadInfo
-    other_patchers: list[verify.OtherPatcher]
     weight_bytes_per_token: int
     copy_bandwidth_bytes_s: float
     peak_memory_source: str
@@ -129,6 +128,7 @@ class BenchResult(verify.Checked):
     files: list[str] = field(default_factory=list)
     kernel_backend: str = "auto"
     options: dict[str, Any] = field(default_factory=dict)
+    other_patchers: list[verify.OtherPatcher] = field(default_factory=list)
 
     @property
     def floor_s(self) -> float:
