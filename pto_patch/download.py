@@ -156,6 +156,19 @@ def _output_folder(output_dir: str | Path | None, spec: ModelSpec) -> Path:
             f"{folder} holds an applied pto-patch patch; downloading over it would undo half of it",
             f"run `pto-patch restore --model-path {folder}` first, then download again",
         )
+    # The folder is created only once the hub answered; find now whether it can be at all.
+    ancestor = folder
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise DownloadError(
+            f"cannot create {folder}: {ancestor} is a file, not a folder", "pick another --output-dir"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise DownloadError(
+            f"cannot create or write {folder}: {ancestor} is not writable",
+            "pick a folder you can write to, or fix its permissions",
+        )
     return folder
 
 

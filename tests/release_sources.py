@@ -17,6 +17,20 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+# What pip prints when PyPI cannot be reached: only then is a missing release a skip, not a failure.
+PYPI_UNREACHABLE = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "ProxyError",
+    "Max retries exceeded",
+    "Connection refused",
+)
+
 RELEASES = ("4.57.6", "5.0.0", "5.8.1", "5.16.1", "5.24.0")
 MODEL_DIR = "transformers/models/qwen2_5_vl"
 FILES = ("modeling_qwen2_5_vl.py", "configuration_qwen2_5_vl.py")
@@ -59,18 +73,25 @@ def release_folder(version: str) -> Path:
         wheels = list(Path(tmp).glob("transformers-*.whl"))
         if done.returncode != 0 or not wheels:
             reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise ReleaseUnavailable(f"pip download transformers=={version} failed: {reason}")
+            if any(marker in done.stdout + done.stderr for marker in PYPI_UNREACHABLE):
+                raise ReleaseUnavailable(f"PyPI unreachable: pip download transformers=={version}: {reason}")
+            raise RuntimeError(f"pip download transformers=={version} failed: {done.stderr[-2000:]}")
         staging = Path(tmp) / "files"
         staging.mkdir()
         with zipfile.ZipFile(wheels[0]) as wheel:
             for name in FILES:
                 try:
                     (staging / name).write_bytes(wheel.read(f"{MODEL_DIR}/{name}"))
-                except KeyError as exc:
-                    raise ReleaseUnavailable(
-                        f"transformers {version} wheel has no {MODEL_DIR}/{name}"
-                    ) from exc
+                except KeyError as exc:  # a real failure: the release moved the model, not a network problem
+                    raise RuntimeError(f"transformers {version} wheel has no {MODEL_DIR}/{name}") from exc
         folder.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.copytree(staging, folder)
+        # Copy beside, then rename into place: a concurrent run never sees a half-copied folder.
+        partial = folder.parent / f".{folder.name}.{os.getpid()}.partial"
+        shutil.copytree(staging, partial)
+        if folder.exists() and not all((folder / name).is_file() for name in FILES):
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(partial, folder)
+        except OSError:  # another run put a complete copy there first
+            shutil.rmtree(partial, ignore_errors=True)
     return folder

@@ -51,6 +51,9 @@ def hub(sources, tmp_path: Path, monkeypatch) -> LocalHub:
         "HF_HUB_CACHE",
     ):
         monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")  # the local hub is never reached through a proxy
     monkeypatch.delenv(load_spec("gutenocr_3b").model_path_env, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     with LocalHub() as server:
@@ -370,3 +373,12 @@ def test_download_apply_verify_restore_end_to_end(hub: LocalHub, tmp_path: Path)
     restored = snapshot(result.folder)
     assert restored == downloaded, set(restored) ^ set(downloaded)
     assert download_model(output_dir=result.folder).checked_only
+
+
+def test_an_output_dir_under_a_file_is_one_line_and_a_hint(hub: LocalHub, tmp_path: Path, capsys) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    assert run_cli("download", "--output-dir", str(tmp_path / "afile" / "sub")) == 1
+    stderr = capsys.readouterr().err
+    assert "is a file, not a folder" in stderr and "unexpected" not in stderr
+    assert len(stderr.strip().splitlines()) == 2
+    assert not hub.gets()

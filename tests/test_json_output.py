@@ -36,8 +36,13 @@ SPEC = load_spec("gutenocr_3b")
 def env(tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("hf_home")
     drop = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT", SPEC.model_path_env)
-    values = {key: value for key, value in os.environ.items() if key not in drop}
-    values.update(HF_HOME=str(home), PTO_PATCH_DEBUG="0", PYTHONPATH=str(REPO))
+    values = {
+        key: value for key, value in os.environ.items() if key not in drop and "proxy" not in key.lower()
+    }
+    # NO_PROXY: the local hub on 127.0.0.1 is never reached through a proxy.
+    values.update(
+        HF_HOME=str(home), PTO_PATCH_DEBUG="0", PYTHONPATH=str(REPO), NO_PROXY="127.0.0.1,localhost"
+    )
     return values
 
 
