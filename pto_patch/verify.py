@@ -718,6 +718,8 @@ def load_model(
             attn_implementation="eager",
             dtype=torch_dtype,
             output_loading_info=True,
+            # A wrong-shaped tensor then shows in load_info (verify fails, exit 3) instead of raising.
+            ignore_mismatched_sizes=True,
         )
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -769,7 +771,10 @@ def load_failures(load_info: LoadInfo) -> list[str]:
             f"{load_info.unexpected_keys[0]}"
         )
     if load_info.mismatched_keys:
-        failures.append(f"{len(load_info.mismatched_keys)} checkpoint key(s) with mismatched shapes")
+        failures.append(
+            f"{len(load_info.mismatched_keys)} checkpoint key(s) with mismatched shapes (random weights), "
+            f"e.g. {load_info.mismatched_keys[0]}"
+        )
     if load_info.lm_head_tied is False:
         failures.append("config ties lm_head to the embeddings, but the loaded lm_head is a separate tensor")
     return failures
@@ -1284,8 +1289,8 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> tuple[Loaded
     spec = load_spec(options.model)
     check_options(options, spec, batch)
     folder = resolve_model_folder(options.model_path, spec)
-    if options.image is not None and not Path(options.image).is_file():
-        raise PtoPatchError(f"--image {options.image} does not exist", "pass the path of a PNG or JPEG file")
+    if options.image is not None:
+        check_image(Path(options.image))
     device = resolve_device(options.device)
     loaded = load_model(
         spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
@@ -1302,6 +1307,24 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> tuple[Loaded
     may_switch_on = choose_ops(options.ops, spec, loaded.state, batch, False)[0] if use_pto else ()
     more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, may_switch_on)
     return loaded, failures + more_failures, warnings + more_warnings
+
+
+def check_image(image: Path) -> None:
+    """Refuse an --image that is missing, a folder, or not a picture PIL can decode, before any load."""
+    from PIL import Image
+
+    if not image.exists():
+        raise PtoPatchError(f"--image {image} does not exist", "pass the path of a PNG or JPEG file")
+    if not image.is_file():
+        raise PtoPatchError(f"--image {image} is not a file", "pass the path of a PNG or JPEG file")
+    try:
+        with Image.open(image) as opened:
+            opened.verify()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, struct.error ... for bad or truncated data
+        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        raise PtoPatchError(
+            f"--image {image} is not an image PIL can read ({reason})", "pass a PNG or JPEG file"
+        ) from exc
 
 
 def kernel_backend_name(options: RunOptions) -> str:

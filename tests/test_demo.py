@@ -12,6 +12,8 @@ import pytest
 
 from pto_patch import demo
 from pto_patch.errors import PtoPatchError
+from pto_patch.tiny_model import make_tiny
+from tests.folder_snapshot import snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +73,11 @@ def test_demo_keep_leaves_the_restored_model(tmp_path: Path):
     assert (model / "config.json").is_file() and (work / demo.IMAGE_NAME).is_file()
     assert not (model / ".pto_patch").exists() and not (model / "pto_kernels").exists()
     assert (work / "notes.txt").read_text(encoding="utf-8") == "the user's file\n"
+    # Not the demo's own hash check: a fresh tiny model of the same seed is the same bytes, so the
+    # restored folder must equal it file for file, mode for mode, folder for folder.
+    fresh = tmp_path / "fresh" / demo.MODEL_DIR
+    make_tiny(fresh)
+    assert snapshot(model) == snapshot(fresh)
 
 
 def test_demo_refuses_a_folder_holding_its_files(tmp_path: Path):

@@ -4,8 +4,9 @@ For each release, a fresh interpreter runs with that release's env (tests/releas
 PYTHONPATH, so its transformers shadows the venv's. In it: make a tiny model, apply the patch (which
 must take that release's modeling file), load the patched model as remote code and the stock class
 from the same folder, compare logits with the kernel switches off (exactly equal) and on with the
-torch backend (close, every op called), text only and with an image, then restore, which must give
-back the folder byte for byte. The venv's own release is covered by test_patched_model_loads.py.
+torch backend (close, every op called), text only and with an image; then every op on with the fused
+backend against the switches off, bit for bit, in float32 and in bfloat16; then restore, which must
+give back the folder byte for byte. The venv's own release is covered by test_patched_model_loads.py.
 """
 
 from __future__ import annotations
@@ -67,6 +68,33 @@ sys.path.insert(0, str(folder))
 import pto_kernels
 facts["kernels_from"] = pto_kernels.__file__
 
+# Every op on with the fused backend against the switches off: the same bits, or where they part.
+def fused_pass(model, inputs):
+    def logits(ops):
+        with torch.no_grad(), pto_kernels.enabled(ops=ops, backend="fused"):
+            return model(**inputs).logits
+
+    off = logits(())
+    pto_kernels.reset_stats()
+    on = logits(pto_kernels.OPS)
+    stats = pto_kernels.stats()
+    differ = on != off
+    return {
+        "dtype": str(on.dtype),
+        "bit_equal": torch.equal(on, off),
+        "max_diff": (on.float() - off.float()).abs().max().item(),
+        "elements_differing": int(differ.sum()),
+        "positions_differing": sorted({int(i) for i in differ.nonzero()[:, 1].tolist()}),
+        # Which op alone already changes the bits (only looked at when all together do).
+        "bit_equal_alone": {}
+        if torch.equal(on, off)
+        else {op: torch.equal(logits((op,)), off) for op in pto_kernels.OPS},
+        "backends": {op: s["backends"] for op, s in stats.items()},
+        "fallbacks": {op: s["fallbacks"] for op, s in stats.items()},
+        "first_fallback_error": {op: s["first_fallback_error"] for op, s in stats.items()},
+    }
+
+
 def compare(name, inputs):
     with torch.no_grad():
         reference = stock(**inputs).logits
@@ -82,9 +110,11 @@ def compare(name, inputs):
         "calls": {op: s["calls"] for op, s in stats.items()},
         "fallbacks": {op: s["fallbacks"] for op, s in stats.items()},
         "inputs": sorted(inputs),
+        "fused": [fused_pass(patched, inputs)],
     }
 
-compare("text", {"input_ids": torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])})
+text_inputs = {"input_ids": torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])}
+compare("text", text_inputs)
 # The image path of the modeling code, with the image processor taken from its own module: 5.8 - 5.16
 # export `transformers.AutoImageProcessor` as a placeholder that needs torchvision.
 from transformers.models.auto.image_processing_auto import AutoImageProcessor
@@ -102,6 +132,14 @@ try:
     }
 except Exception as exc:
     facts["build_inputs_own_processor"] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
+
+# The fused backend again in bfloat16, the dtype GutenOCR ships and runs in: loaded as users load it.
+bf16 = {"dtype": torch.bfloat16} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.bfloat16}
+patched = AutoModelForImageTextToText.from_pretrained(
+    str(folder), trust_remote_code=True, attn_implementation="eager", **bf16
+)
+for name, name_inputs in (("text", text_inputs), ("image", inputs)):
+    facts[name]["fused"].append(fused_pass(patched, name_inputs))
 
 del patched, stock, pto_kernels
 sys.modules.pop("pto_kernels", None)
@@ -211,6 +249,30 @@ def test_image_logits_match_stock_with_switches_off_and_on(under_release):
     assert ("mm_token_type_ids" in image["inputs"]) == image["stock_takes_mm_token_type_ids"]
     check_logits(release, "image", image)
     assert image["calls"]["rms_norm"] > facts["text"]["calls"]["rms_norm"]  # the vision tower's norms too
+
+
+@pytest.mark.slow
+def test_fused_backend_gives_the_eager_bits_in_float32_and_bfloat16(under_release):
+    """Before 5.20 the fused MRoPE takes the unmixed [3, b, s, d] tables (mrope_pto_correct); only a
+    whole model shows that it, with the fused RMSNorm and SwiGLU, reproduces the eager logits exactly."""
+    release, facts = under_release
+    apart = []
+    for name in ("text", "image"):
+        runs = facts[name]["fused"]
+        assert [run["dtype"] for run in runs] == ["torch.float32", "torch.bfloat16"]
+        for run in runs:
+            where = f"transformers {release}, {name}, {run['dtype']}"
+            for op, backends in run["backends"].items():
+                assert set(backends) == {"fused"} and backends["fused"] > 0, f"{where}: {op} ran {backends}"
+            assert not any(run["fallbacks"].values()), f"{where}: {run['first_fallback_error']}"
+            if not run["bit_equal"]:
+                positions = run["positions_differing"]
+                apart.append(
+                    f"{where}: max |diff| {run['max_diff']:.3g} over {run['elements_differing']} logits "
+                    f"at {len(positions)} position(s) from {positions[0]}; "
+                    f"each op alone equal: {run['bit_equal_alone']}"
+                )
+    assert apart == [], "\n".join(apart)
 
 
 @pytest.mark.slow

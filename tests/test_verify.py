@@ -94,6 +94,26 @@ def forward(self, hidden_states):
 
 type(model.model.language_model.norm).forward = forward
 """
+# A forward hook pair on the final text norm turns its guard's switch on around that one call, whatever
+# verify switched: the guard then calls the kernel while verify believes every switch is off.
+STRAY_GUARD_CALL = """
+import sys
+
+kernels, norm, saved = sys.modules["pto_kernels"], model.model.language_model.norm, []
+
+
+def switch_on(module, args):
+    saved.append(kernels.USE_PTO_RMS_NORM)
+    kernels.USE_PTO_RMS_NORM = True
+
+
+def switch_back(module, args, output):
+    kernels.USE_PTO_RMS_NORM = saved.pop()
+
+
+norm.register_forward_pre_hook(switch_on)
+norm.register_forward_hook(switch_back)
+"""
 
 
 def run_cli(
@@ -583,6 +603,109 @@ def test_missing_checkpoint_keys_fail(patched_copy: Path, tmp_path: Path):
     assert any(f"layers.{layer}.mlp.gate_proj" in name for name in doc["load_info"]["missing_keys"])
     assert any("gate_projection" in name for name in doc["load_info"]["unexpected_keys"])
     assert any("missing" in failure for failure in doc["failures"])
+
+
+def _change_checkpoint(folder: Path, change) -> None:
+    """Apply `change(tensors, weight_map)` to the shard holding the embeddings, and save shard and index."""
+    from safetensors.torch import load_file, save_file
+
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    embed = next(name for name in index["weight_map"] if name.endswith("embed_tokens.weight"))
+    shard = folder / index["weight_map"][embed]
+    tensors = load_file(shard)
+    change(tensors, index["weight_map"], embed)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index), encoding="utf-8")
+
+
+def test_load_failures_name_every_kind_of_bad_load():
+    assert verify.load_failures(verify.LoadInfo([], [], [], None)) == []
+    assert verify.load_failures(verify.LoadInfo([], [], [], True)) == []
+    untied = verify.load_failures(verify.LoadInfo([], [], [], lm_head_tied=False))
+    assert untied == ["config ties lm_head to the embeddings, but the loaded lm_head is a separate tensor"]
+    assert not verify.LoadInfo([], [], [], lm_head_tied=False).ok
+    mismatched = verify.load_failures(verify.LoadInfo([], [], ["a.weight", "b.weight"], None))
+    assert len(mismatched) == 1 and mismatched[0].startswith("2 checkpoint key(s) with mismatched shapes")
+    assert "a.weight" in mismatched[0]
+
+
+def test_a_config_tied_lm_head_loaded_as_its_own_tensor_fails(patched_copy: Path, tmp_path: Path):
+    """The GutenOCR #5 trap: config.json ties lm_head, but the model runs a separate lm_head tensor.
+
+    A checkpoint that carries `lm_head.weight` with values of its own does that: transformers 5 then
+    leaves the two untied and reports no missing or unexpected key, and the baseline and PTO runs agree.
+    """
+
+    def add_own_lm_head(tensors, weight_map, embed):
+        tensors["lm_head.weight"] = (0.5 - tensors[embed].float()).to(tensors[embed].dtype)
+        weight_map["lm_head.weight"] = weight_map[embed]
+
+    _change_checkpoint(patched_copy, add_own_lm_head)
+    assert json.loads((patched_copy / "config.json").read_text(encoding="utf-8"))["tie_word_embeddings"]
+    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["load_info"]["lm_head_tied"] is False
+    assert doc["load_info"]["missing_keys"] == doc["load_info"]["unexpected_keys"] == []
+    assert doc["failures"] == [
+        "config ties lm_head to the embeddings, but the loaded lm_head is a separate tensor"
+    ]
+    assert doc["accuracy"]["passed"] is True  # agreement alone would have passed
+
+
+def test_a_checkpoint_tensor_of_the_wrong_shape_fails(patched_copy: Path, tmp_path: Path):
+    def cut_one_row(tensors, weight_map, embed):
+        tensors[embed] = tensors[embed][:-1].clone()
+
+    _change_checkpoint(patched_copy, cut_one_row)
+    done = run_cli(["verify", "--model-path", str(patched_copy), "--json"] + FAST, tmp_path)
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    embed = doc["load_info"]["mismatched_keys"]
+    assert len(embed) == 1 and embed[0].endswith("embed_tokens.weight")
+    failure = next(f for f in doc["failures"] if "mismatched shapes" in f)
+    assert failure.startswith("1 checkpoint key(s)") and embed[0] in failure
+
+
+def test_a_kernel_call_while_every_switch_is_off_fails(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
+        tmp_path,
+        after_load=STRAY_GUARD_CALL,
+    )
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    stray = [f for f in doc["failures"] if f.startswith("kernels ran with every switch off: ")]
+    assert len(stray) == 1 and "'rms_norm'" in stray[0]
+    assert "mrope" not in stray[0] and "swiglu_mlp" not in stray[0]
+    assert doc["other_patchers"] == []  # hooks leave the guarded forward in place
+
+
+@pytest.mark.parametrize("kind", ["folder", "not an image", "truncated"])
+def test_a_bad_image_is_refused_before_the_model_loads(
+    kind: str, patched_tiny: Path, tmp_path: Path, monkeypatch, capsys
+):
+    image = tmp_path / "page.png"
+    if kind == "folder":
+        image.mkdir()
+    elif kind == "not an image":
+        image.write_text("a page of text, not of pixels\n", encoding="utf-8")
+    else:
+        sample_image(56, 56).save(image)
+        image.write_bytes(image.read_bytes()[:-40])
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the image was checked")
+
+    monkeypatch.setattr(verify, "load_model", no_load)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["verify", "--model-path", str(patched_tiny), "--image", str(image), "--json"])
+    error = json.loads(capsys.readouterr().out)
+    assert stopped.value.code == error["exit_code"] == EXIT_ERROR
+    expected = "is not a file" if kind == "folder" else "is not an image PIL can read ("
+    assert error["error"].startswith(f"--image {image} {expected}"), error
+    assert "\n" not in error["error"] and "PNG or JPEG" in error["hint"]
 
 
 def test_dynamic_config_switches_on_by_batch(patched_tiny: Path, tmp_path: Path):
