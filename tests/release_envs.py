@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.release_sources import cache_root
+from tests.release_sources import PYPI_UNREACHABLE, cache_root
 
 # Per release, the packages whose venv versions do not satisfy its requirements (transformers'
 # own and, transitively, those of the pinned packages). Found from each wheel's METADATA.
@@ -63,18 +63,7 @@ PIP_TIMEOUT_S = 600
 LOCK_TIMEOUT_S = 900
 MARKER = "complete.json"
 # Substrings of pip's output that mean the index could not be reached (as opposed to a bad pin).
-_UNREACHABLE = (
-    "NewConnectionError",
-    "Failed to establish a new connection",
-    "Temporary failure in name resolution",
-    "Name or service not known",
-    "Network is unreachable",
-    "ConnectTimeout",
-    "ReadTimeout",
-    "ProxyError",
-    "Max retries exceeded",
-    "Connection refused",
-)
+_UNREACHABLE = PYPI_UNREACHABLE
 
 
 class EnvUnavailable(Exception):
