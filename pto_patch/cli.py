@@ -132,7 +132,7 @@ def make_tiny(
     render.make_tiny_result(result, as_json=as_json)
 
 
-# --- download (owner: download work) -----------------------------------------------------------
+# --- download ---------------------------------------------------------------------------------------
 
 
 @app.command()
@@ -177,7 +177,7 @@ def download(
     render.download_result(result, as_json=as_json)
 
 
-# --- verify, bench, demo (owner: verify work) ----------------------------------------------------
+# --- verify, bench, demo -----------------------------------------------------------------------------
 # Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
 # verify and bench name their parameters as the fields of VerifyOptions / BenchOptions (shared ones
 # in verify.RunOptions), so `_options` hands them over without a list to keep in step.
@@ -354,7 +354,7 @@ def demo(
     raise typer.Exit(result.exit_code)
 
 
-# --- skill (owner: skill work) -------------------------------------------------------------------
+# --- skill ------------------------------------------------------------------------------------------
 
 skill_app = typer.Typer(
     help="The pto-patch agent skill (SKILL.md, references/, scripts/) for coding agents.",

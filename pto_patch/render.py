@@ -102,7 +102,7 @@ def status_result(result, *, as_json: bool) -> None:
     out.print(table)
 
 
-# --- make-tiny and download (written by the download work; lead may merge) -------------------------
+# --- make-tiny and download ---------------------------------------------------------------------------
 
 
 def make_tiny_result(result, *, as_json: bool) -> None:
@@ -141,7 +141,7 @@ def download_result(result, *, as_json: bool) -> None:
         out.print(f"  next: pto-patch apply --model-path {result.folder}")
 
 
-# --- skill (written by the skill work) -------------------------------------------------------------
+# --- skill ------------------------------------------------------------------------------------------
 
 
 def skill_install_result(result, *, as_json: bool) -> None:
