@@ -33,11 +33,10 @@ from typing import Any
 
 from pto_patch import __version__
 from pto_patch.errors import DownloadError
+from pto_patch.manifest import DOWNLOAD_RECORD, Manifest
 from pto_patch.spec import ModelSpec, load_spec
 
-DOWNLOAD_RECORD = ".pto_patch_download.json"
 INDEX_FILE = "model.safetensors.index.json"
-PATCH_MANIFEST = Path(".pto_patch") / "manifest.json"
 # Where huggingface_hub keeps its per-file metadata inside a local_dir download.
 HUB_METADATA_DIR = Path(".cache") / "huggingface"
 TOKENIZER_FILES = (("tokenizer_config.json",), ("tokenizer.json", "vocab.json"))
@@ -151,7 +150,7 @@ def _output_folder(output_dir: str | Path | None, spec: ModelSpec) -> Path:
     folder = Path(output_dir).expanduser().resolve()
     if folder.exists() and not folder.is_dir():
         raise DownloadError(f"{folder} exists and is not a folder", "pick another --output-dir")
-    if (folder / PATCH_MANIFEST).exists():
+    if Manifest.exists_in(folder):
         raise DownloadError(
             f"{folder} holds an applied pto-patch patch; downloading over it would undo half of it",
             f"run `pto-patch restore --model-path {folder}` first, then download again",

@@ -9,6 +9,7 @@ back, so an interrupted apply never leaves a half-patched folder behind.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 import time
@@ -29,6 +30,7 @@ from pto_patch.fileio import (
 from pto_patch.locate import installed_transformers_release, locate_sources
 from pto_patch.manifest import (
     BACKUP_DIR,
+    DOWNLOAD_RECORD,
     MANIFEST_DIR,
     STATE_COMPLETE,
     STATE_IN_PROGRESS,
@@ -41,7 +43,6 @@ from pto_patch.resources import kernel_package_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
 
 KERNEL_PACKAGE = "pto_kernels"
-DOWNLOAD_RECORD = ".pto_patch_download.json"
 
 
 @dataclass(frozen=True)
@@ -440,8 +441,6 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
 
 
 def _download_record(folder: Path) -> dict | None:
-    import json
-
     path = folder / DOWNLOAD_RECORD
     try:
         return json.loads(path.read_text(encoding="utf-8"))

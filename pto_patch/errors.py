@@ -49,11 +49,5 @@ class DriftError(PtoPatchError):
     exit_code = EXIT_DRIFTED
 
 
-class VerificationFailed(PtoPatchError):
-    """verify ran, and the patched model did not pass."""
-
-    exit_code = EXIT_VERIFY_FAILED
-
-
 class DownloadError(PtoPatchError):
     """The checkpoint could not be fetched or is incomplete."""

@@ -16,6 +16,8 @@ from pto_patch.errors import ModelFolderError
 from pto_patch.fileio import atomic_write_bytes, sha256_file
 
 MANIFEST_DIR = ".pto_patch"
+# What `download` leaves in the folder (the revision it fetched), shown by `status`.
+DOWNLOAD_RECORD = ".pto_patch_download.json"
 MANIFEST_NAME = "manifest.json"
 BACKUP_DIR = "backup"
 SCHEMA_VERSION = 1

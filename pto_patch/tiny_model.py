@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
+from pto_patch.manifest import Manifest
 from pto_patch.spec import ModelSpec, load_spec
 
 # The Qwen2 special tokens in the order Qwen's vocabulary appends them after the BPE tokens.
@@ -480,7 +481,7 @@ def make_tiny(
     """
     plan = _plan(model, full_width, layers)
     folder = Path(directory).expanduser().resolve()
-    if (folder / ".pto_patch" / "manifest.json").exists():
+    if Manifest.exists_in(folder):
         raise ModelFolderError(
             f"{folder} holds a patched model (.pto_patch/manifest.json)",
             f"run `pto-patch restore --model-path {folder}` first, or pick another folder",

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from pto_patch.codemods.context import PatchContext
 from pto_patch.codemods.guards import GuardInjector, has_guard, with_import_sys
@@ -30,7 +29,6 @@ from pto_patch.errors import AnchorNotFoundError
 
 OP = "swiglu_mlp"
 TEMPLATE = "swiglu_mlp"
-FORWARD = m.FunctionDef(name=m.Name("forward"))
 
 
 def class_methods(module: cst.Module, names: Sequence[str], method: str) -> dict[str, cst.FunctionDef]:
