@@ -16,14 +16,18 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pto_patch import __version__
+from pto_patch import __version__, folder_lock
 from pto_patch.config_fix import fixed_config, render_config
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
     atomic_symlink,
     atomic_write_bytes,
     file_mode,
+    make_dirs,
+    move_into_place,
+    remove_empty_dir,
     remove_path,
+    remove_tree,
     sha256_bytes,
     sha256_file,
 )
@@ -37,6 +41,8 @@ from pto_patch.manifest import (
     FileRecord,
     Manifest,
     drifted_files,
+    link_target_escapes,
+    parent_escapes,
 )
 from pto_patch.model_folder import read_model_config, resolve_model_folder
 from pto_patch.resources import kernel_package_dir
@@ -108,11 +114,33 @@ class StatusResult:
 
 
 def _read_existing(folder: Path, relative: str) -> tuple[bytes | None, str | None, int | None]:
-    """Bytes (through a link), link target and mode of a file in the folder, or Nones if absent."""
+    """Bytes (through a link), link target and mode of a file in the folder, or Nones if absent.
+
+    Refuses what restore could not put back inside the folder: a path under a link that leads out,
+    a link that leads out (other than into the HF cache's blob store), a folder or a dangling link.
+    """
     path = folder / relative
+    if parent_escapes(folder, relative):
+        raise ModelFolderError(
+            f"{relative} in {folder} lies under a link that leads out of the folder",
+            "replace that linked folder by a real one, then run apply again",
+        )
+    target = os.readlink(path) if path.is_symlink() else None
+    if target is not None and link_target_escapes(folder, path, target):
+        raise ModelFolderError(
+            f"{path} is a link to {target}, outside the folder",
+            f"replace the link by a copy of its file (cp --remove-destination {os.path.realpath(path)} {path})",
+        )
+    if target is not None and not path.exists():
+        raise ModelFolderError(
+            f"{path} is a link to {target}, which does not exist", "fix or remove the link"
+        )
     if not path.exists():
         return None, None, None
-    target = os.readlink(path) if path.is_symlink() else None
+    if not path.is_file():
+        raise ModelFolderError(
+            f"{path} is not a regular file", "move it out of the way, then run apply again"
+        )
     return path.read_bytes(), target, file_mode(path)
 
 
@@ -186,7 +214,6 @@ def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
 
 
 def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: list[PlannedFile], info: dict):
-    manifest_dir = folder / MANIFEST_DIR
     records = []
     for item in planned:
         backup = None
@@ -216,7 +243,7 @@ def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: l
         added_dirs=added_dirs,
         state=STATE_IN_PROGRESS,
     )
-    manifest_dir.mkdir(exist_ok=True)
+    make_dirs(folder / MANIFEST_DIR)
     manifest.save(folder)
     for item in planned:
         atomic_write_bytes(
@@ -228,34 +255,67 @@ def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: l
 def _remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
     for relative in added_dirs:
         root = folder / relative
-        if not root.is_dir():
+        if not root.is_dir() or root.is_symlink():
             continue
         for cache in sorted(root.rglob("__pycache__"), reverse=True):  # written by `import pto_kernels`
-            shutil.rmtree(cache, ignore_errors=True)
+            remove_tree(cache)
         for directory in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
             if not any(directory.iterdir()):
-                directory.rmdir()
+                remove_empty_dir(directory)
         if not any(root.iterdir()):
-            root.rmdir()
+            remove_empty_dir(root)
 
 
-def _put_back(
-    folder: Path, manifest: Manifest, keep_edited: set[str]
-) -> tuple[list[str], list[str], list[str]]:
-    restored, removed, kept = [], [], []
-    for record in manifest.files:
-        path = folder / record.path
-        if record.path in keep_edited and path.is_file():
+def _is_original(folder: Path, record: FileRecord) -> bool:
+    """Whether the record's path already holds what stood there before apply."""
+    path = folder / record.path
+    if record.action == "added":
+        return not (path.exists() or path.is_symlink())
+    if record.symlink_target is not None:
+        return path.is_symlink() and os.readlink(path) == record.symlink_target
+    return (
+        path.is_file()
+        and not path.is_symlink()
+        and sha256_file(path) == record.sha256_before
+        and (record.mode is None or file_mode(path) == record.mode)
+    )
+
+
+def not_original(folder: Path, manifest: Manifest) -> list[str]:
+    """The manifest's paths that do not hold their original bytes (or link, or absence) yet."""
+    return [record.path for record in manifest.files if not _is_original(folder, record)]
+
+
+def _keep_edited_copies(folder: Path, drifted: list[str]) -> list[str]:
+    kept = []
+    for relative in drifted:
+        path = folder / relative
+        if path.is_file():
             edited = path.with_name(path.name + ".edited")
             atomic_write_bytes(edited, path.read_bytes(), mode=file_mode(path))
             kept.append(edited.relative_to(folder).as_posix())
+    return kept
+
+
+def _put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
+    """Put every original back; a path already original is left alone, so a second run finishes the first.
+
+    Backups are renamed into place rather than copied: that needs no free space, so a rollback
+    works on the full disk that made an apply fail.
+    """
+    restored, removed = [], []
+    for record in manifest.files:
+        path = folder / record.path
         if record.action == "added":
             if path.is_symlink() or path.exists():
                 remove_path(path)
             removed.append(record.path)
             continue
-        backup = (folder / record.backup).read_bytes() if record.backup else None
-        if backup is None or sha256_bytes(backup) != record.sha256_before:
+        restored.append(record.path)
+        if _is_original(folder, record):
+            continue
+        backup = folder / record.backup if record.backup else None
+        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
             raise PtoPatchError(
                 f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
                 "the original file cannot be restored from this folder; download the model again",
@@ -263,29 +323,42 @@ def _put_back(
         if record.symlink_target is not None:
             atomic_symlink(path, record.symlink_target)
         else:
-            atomic_write_bytes(path, backup, mode=record.mode)
-        restored.append(record.path)
+            move_into_place(backup, path, mode=record.mode)
     _remove_added_dirs(folder, manifest.added_dirs)
-    return restored, removed, kept
+    return restored, removed
 
 
 def _check_restored(folder: Path, manifest: Manifest) -> None:
-    wrong = []
-    for record in manifest.files:
-        path = folder / record.path
-        if record.action == "added":
-            if path.exists() or path.is_symlink():
-                wrong.append(record.path)
-        elif record.symlink_target is not None:
-            if not path.is_symlink() or os.readlink(path) != record.symlink_target:
-                wrong.append(record.path)
-        elif not path.is_file() or sha256_file(path) != record.sha256_before:
-            wrong.append(record.path)
+    wrong = not_original(folder, manifest)
     if wrong:
         raise PtoPatchError(
             f"after restore, {', '.join(wrong)} in {folder} still differ from the original bytes",
             f"the backups are kept in {folder / MANIFEST_DIR}; copy them back by hand",
         )
+
+
+def _original_paths(folder: Path, manifest: Manifest) -> set[str]:
+    return {record.path for record in manifest.files if _is_original(folder, record)}
+
+
+def _mark_restoring(folder: Path, manifest: Manifest) -> None:
+    """Mark the manifest in progress, so a restore that stops is finished by the next command.
+
+    On a full disk the mark cannot be written; restore goes on without it (a rerun still finishes
+    the job, since paths already back are skipped and are not taken for edits).
+    """
+    try:
+        manifest.with_state(STATE_IN_PROGRESS).save(folder)
+    except OSError:
+        pass
+
+
+def _drop_manifest_dir(folder: Path) -> None:
+    """Remove .pto_patch/, the manifest first: leftover backups alone are cleared by the next command."""
+    if Manifest.exists_in(folder):
+        remove_path(Manifest.path_in(folder))
+    if (folder / MANIFEST_DIR).exists():
+        remove_tree(folder / MANIFEST_DIR)
 
 
 def _sanitized(name: str) -> str:
@@ -320,28 +393,60 @@ def _purge_module_caches(folder: Path, manifest: Manifest) -> list[str]:
     return purged
 
 
-def _roll_back_failed_apply(folder: Path) -> None:
-    """Undo a failed apply at once; if even that fails, the next command finds the manifest in progress."""
+def _roll_back_failed_apply(folder: Path) -> BaseException | None:
+    """Undo a failed apply at once; returns why that failed too (the manifest then stays in progress)."""
     try:
         _recover(folder)
-    except Exception:  # the next command rolls back from the manifest
-        pass
+    except Exception as exc:  # the next command rolls back from the manifest
+        return exc
+    return None
+
+
+def _what_is_left(folder: Path) -> str:
+    """What an apply that could not be rolled back left in the folder, in words."""
+    if not Manifest.exists_in(folder):
+        return f"only backups in {MANIFEST_DIR}/, no file of the model was changed"
+    try:
+        left = not_original(folder, Manifest.load(folder))
+    except PtoPatchError:
+        return f"a damaged {MANIFEST_DIR}/manifest.json"
+    if not left:
+        return f"the original files, and {MANIFEST_DIR}/ still to be cleared"
+    return f"{len(left)} file(s) not yet back to the original ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
+
+
+def _failed_apply_error(folder: Path, exc: OSError) -> PtoPatchError:
+    """The message for an apply whose writing failed: rolled back, or what is left and how to recover."""
+    why = exc.strerror or str(exc)
+    rollback_error = _roll_back_failed_apply(folder)
+    if rollback_error is None:
+        return PtoPatchError(
+            f"writing the patch into {folder} failed ({why}); the folder was rolled back to its original bytes",
+            "free disk space or fix the folder's permissions, then run apply again",
+        )
+    rollback_why = getattr(rollback_error, "strerror", None) or str(rollback_error)
+    return PtoPatchError(
+        f"writing the patch into {folder} failed ({why}) and rolling it back failed too ({rollback_why}); "
+        f"left: {_what_is_left(folder)}",
+        f"free disk space or fix the folder's permissions, then run `pto-patch restore --model-path {folder}`: "
+        f"it puts the originals back from {MANIFEST_DIR}/backup/ (every pto-patch command on the folder does so first)",
+    )
 
 
 def _recover(folder: Path) -> bool:
-    """Roll back an interrupted apply. Returns True when there was one."""
+    """Roll back an interrupted apply (or restore). Returns True when there was one."""
     manifest_dir = folder / MANIFEST_DIR
     if not manifest_dir.exists():
         return False
-    if not Manifest.exists_in(folder):  # stopped before the manifest: only backups were written
-        shutil.rmtree(manifest_dir)
+    if not Manifest.exists_in(folder):  # stopped before the manifest (or after it): only backups are left
+        remove_tree(manifest_dir)
         return True
     manifest = Manifest.load(folder)
     if manifest.state != STATE_IN_PROGRESS:
         return False
-    _put_back(folder, manifest, keep_edited=set())
+    _put_back(folder, manifest)
     _check_restored(folder, manifest)
-    shutil.rmtree(manifest_dir)
+    _drop_manifest_dir(folder)
     return True
 
 
@@ -358,6 +463,11 @@ def apply_patch(
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
+    with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
+        return _apply_locked(spec, folder, chosen, dry_run, started)
+
+
+def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
     rolled_back = False
     if Manifest.exists_in(folder):
         manifest = Manifest.load(folder)
@@ -366,6 +476,13 @@ def apply_patch(
                 raise ModelFolderError(
                     f"{folder} is already patched with ops {', '.join(manifest.ops)}",
                     "run `pto-patch restore` first, then apply with the new --ops",
+                )
+            drifted = drifted_files(folder, manifest)
+            if drifted:  # edited since, or a restore that stopped halfway: not "already patched"
+                raise DriftError(
+                    f"{folder} is patched, but {', '.join(drifted)} changed since apply",
+                    "run `pto-patch restore` (with --force the edits are kept beside as *.edited), "
+                    "then apply again",
                 )
             return ApplyResult(
                 folder=folder,
@@ -382,7 +499,14 @@ def apply_patch(
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
-        rolled_back = _recover(folder)
+        try:
+            rolled_back = _recover(folder)
+        except OSError as exc:
+            raise PtoPatchError(
+                f"rolling back the interrupted apply in {folder} failed ({exc.strerror or exc}); "
+                f"left: {_what_is_left(folder)}",
+                "fix the cause (free disk space, permissions), then run `pto-patch restore`",
+            ) from exc
     planned, info = plan_patch(folder, spec, chosen)
     result = ApplyResult(
         folder=folder,
@@ -397,13 +521,10 @@ def apply_patch(
         return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
     try:
         _write_patch(folder, spec, chosen, planned, info)
-    except BaseException as exc:
+    except OSError as exc:
+        raise _failed_apply_error(folder, exc) from exc
+    except BaseException:
         _roll_back_failed_apply(folder)
-        if isinstance(exc, OSError):
-            raise PtoPatchError(
-                f"writing the patch into {folder} failed ({exc.strerror or exc}); the folder was rolled back",
-                "free disk space or fix the folder's permissions, then run apply again",
-            ) from exc
         raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)
 
@@ -412,6 +533,11 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
+    with folder_lock.exclusive(folder):
+        return _restore_locked(folder, force, started)
+
+
+def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     if not (folder / MANIFEST_DIR).exists():
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
     if not Manifest.exists_in(folder):
@@ -419,15 +545,30 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
     manifest = Manifest.load(folder)
     interrupted = manifest.state == STATE_IN_PROGRESS
-    drifted = [] if interrupted else drifted_files(folder, manifest)
+    # a file already back to its original is the trace of a restore that stopped, not an edit
+    drifted = (
+        []
+        if interrupted
+        else sorted(set(drifted_files(folder, manifest)) - _original_paths(folder, manifest))
+    )
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    restored, removed, kept = _put_back(folder, manifest, keep_edited=set(drifted))
-    _check_restored(folder, manifest)
-    shutil.rmtree(folder / MANIFEST_DIR)
+    kept = _keep_edited_copies(folder, drifted)
+    try:
+        if not interrupted:
+            _mark_restoring(folder, manifest)
+        restored, removed = _put_back(folder, manifest)
+        _check_restored(folder, manifest)
+        _drop_manifest_dir(folder)
+    except OSError as exc:
+        raise PtoPatchError(
+            f"restoring {folder} stopped ({exc.strerror or exc}); left: {_what_is_left(folder)}",
+            "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
+            "it finishes where this one stopped",
+        ) from exc
     purged = _purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,
