@@ -1,7 +1,7 @@
 """pto_kernels: fused RMSNorm, MRoPE and SwiGLU MLP for Qwen2.5-VL (GutenOCR-3B) with per-call dispatch.
 
 The patched modeling code reads the switches below at every call and, when one is on, calls the matching
-wrapper. Each wrapper picks a backend for the tensor's device (see `enable`), records what ran in
+wrapper. Each wrapper runs the backend bound at `enable` time (under "auto", per device type), records what ran in
 `stats()`, and falls back to the eager torch path if a kernel fails (PTO_KERNELS_STRICT=1 raises instead).
 
 Importing this package needs torch only; pypto and torch_npu are imported on first use.
@@ -44,6 +44,18 @@ SWITCHES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_ml
 _backend = _dispatch.backend_from_env()
 
 
+def _bind() -> None:
+    """Route each entry for _backend now (every time the backend changes), never per call."""
+    global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp
+    _rms_norm = _dispatch.bind("rms_norm", _backend)
+    _mrope = _dispatch.bind("mrope", _backend)
+    _mrope_mixed = _dispatch.bind("mrope_mixed", _backend)
+    _swiglu_mlp = _dispatch.bind("swiglu_mlp", _backend)
+
+
+_bind()
+
+
 def backend() -> str:
     """The backend requested for every op ("auto" resolves per call by the tensor's device)."""
     return _backend
@@ -68,6 +80,7 @@ def enable(ops: Iterable[str] | str = OPS, backend: str | None = None) -> None:
     global _backend
     chosen = _check_ops(ops)
     _backend = _dispatch.backend_from_env() if backend is None else _dispatch.check_backend(backend)
+    _bind()
     for op, switch in SWITCHES.items():
         globals()[switch] = op in chosen
 
@@ -89,23 +102,24 @@ def enabled(ops: Iterable[str] | str = OPS, backend: str | None = None) -> Itera
     finally:
         globals().update(saved[0])
         _backend = saved[1]
+        _bind()
 
 
 def rms_norm_wrapper(hidden_states, weight, eps: float = 1e-6):
     """RMSNorm over the last dim: weight * (x / sqrt(mean(x^2) + eps)), computed as transformers does."""
-    return _dispatch.run("rms_norm", _backend, hidden_states.device.type, (hidden_states, weight, eps))
+    return _rms_norm(hidden_states, weight, eps)
 
 
 def mrope_pto_correct(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
     """apply_multimodal_rotary_pos_emb (transformers <= 5.16): cos/sin are [3, b, s, d], unmixed."""
-    return _dispatch.run("mrope", _backend, q.device.type, (q, k, cos, sin, mrope_section, unsqueeze_dim))
+    return _mrope(q, k, cos, sin, mrope_section, unsqueeze_dim)
 
 
 def mrope_mixed_wrapper(q, k, cos, sin, unsqueeze_dim: int = 1):
     """apply_rotary_pos_emb (transformers 5.20+): cos/sin arrive section-mixed as [b, s, d]."""
-    return _dispatch.run("mrope_mixed", _backend, q.device.type, (q, k, cos, sin, unsqueeze_dim))
+    return _mrope_mixed(q, k, cos, sin, unsqueeze_dim)
 
 
 def swiglu_mlp_wrapper(mlp_module, hidden_states):
     """down_proj(act_fn(gate_proj(x)) * up_proj(x)) for a module with gate/up/down nn.Linear."""
-    return _dispatch.run("swiglu_mlp", _backend, hidden_states.device.type, (mlp_module, hidden_states))
+    return _swiglu_mlp(mlp_module, hidden_states)
