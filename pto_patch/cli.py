@@ -202,7 +202,7 @@ def download(
 # --- verify, bench, demo -----------------------------------------------------------------------------
 # Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
 # verify and bench name their parameters as the fields of VerifyOptions / BenchOptions (shared ones
-# in verify.RunOptions), so `_options` hands them over without a list to keep in step.
+# in run.options.RunOptions), so `_options` hands them over without a list to keep in step.
 
 PromptOpt = Annotated[
     str | None,

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, is_dataclass
-from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
 from pto_patch.console import err, out, print_json
-
-JSON_SCHEMA_VERSION = 1
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value):
-        return _jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def document(kind: str, result: Any, **extra: Any) -> dict[str, Any]:
-    """A versioned JSON document for one command's result."""
-    body = _jsonable(result)
-    return {"schema_version": JSON_SCHEMA_VERSION, "command": kind, **body, **extra}
+from pto_patch.report import document
 
 
 def apply_result(result, *, as_json: bool) -> None:
