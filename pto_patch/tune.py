@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pto_patch import __version__, tune_selection
+from pto_patch import __version__, folder_lock, tune_selection
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.report import TuneResult
 from pto_patch.run.generation import generate
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import apply_compile, versions
-from pto_patch.run.ops import KERNEL_BACKENDS, choose_ops
-from pto_patch.run.options import RunOptions, parse_batches
+from pto_patch.run.ops import choose_ops
+from pto_patch.run.options import RunOptions, check_options, parse_batches
 from pto_patch.run.start import start_run
+from pto_patch.spec import load_spec
 from pto_patch.tune_selection import Candidate, Rules
 from pto_patch.tuning_file import write_tuning
 
@@ -153,16 +154,21 @@ def run_tune(
 ) -> TuneResult:
     """Load once, probe, measure every batch within the budget, write the tuning (unless a check failed).
 
-    on_run(batch, what ran, seconds since the start) is called after every run, for a progress bar.
+    The folder is locked for the whole run: tune writes into it. on_run(batch, what ran, seconds since
+    the start) is called after every run, for a progress bar.
     """
+    from pto_patch.model_folder import resolve_model_folder
+
     began = clock()
     batches = check_tune_options(options)
-    if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
-        raise PtoPatchError(
-            f"--kernel-backend '{options.kernel_backend}' is unknown",
-            f"choose from: {', '.join(KERNEL_BACKENDS)}",
-            exit_code=EXIT_USAGE,
-        )
+    spec = load_spec(options.model)
+    check_options(options, spec, max(batches))
+    folder = resolve_model_folder(options.model_path, spec)
+    with folder_lock.exclusive(folder):
+        return _tune(options, batches, began, on_run, clock)
+
+
+def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneResult:
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, list(started.failures), list(started.warnings)
     kernels, device, spec = loaded.kernels, loaded.device, loaded.spec

@@ -316,3 +316,13 @@ def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Pat
     assert [run["switched_on"] for run in bench["runs"]] == [["swiglu_mlp"], ["swiglu_mlp"]]
     assert bench["runs"][1]["dynamic_config"][2]["reason"].startswith("batch 4: tuned at batch 1")
     assert bench["runs"][0]["pto"]["ops"]["swiglu_mlp"]["backends"].get("fused", 0) > 0
+
+
+def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_path: Path):
+    from pto_patch import folder_lock
+
+    with folder_lock.exclusive(patched_tiny):
+        done = run_cli(["tune", "--model-path", str(patched_tiny), "--json"], tmp_path)
+    error = json.loads(done.stdout)
+    assert done.returncode == error["exit_code"] == 1
+    assert "is working on" in error["error"] and not (patched_tiny / TUNING_PATH).exists()
