@@ -236,3 +236,38 @@ def test_a_clear_gain_with_an_outlier_is_measured_again_not_called_noise():
     ratios = [1.40, 1.41, 0.7, 1.40, 1.41]  # the band is narrow, but one run in five went the other way
     assert ts.verdict(ratios, ts.Rules()) == ts.UNDECIDED
     assert ts.verdict([*ratios, 1.40, 1.41, 1.40], ts.Rules()) == ts.FASTER
+
+
+def test_no_run_starts_that_would_end_past_the_deadline():
+    clock = FakeClock()
+    speeds = {ts.BASELINE: 10.0, RMS: 12.0}
+    rules = ts.Rules(warmup=1)
+    runner = table_runner(speeds, clock=clock)
+    ts.measure([RMS], runner, rules, deadline=1.5, clock=clock, expected_warm_up_s=1.0)
+    assert clock.now == 1.0  # one warm-up run; a second would have ended at 2.0
+
+
+def test_warm_ups_estimate_the_first_round():
+    clock = FakeClock()
+
+    def warm_up(candidate):
+        clock.now += 0.1  # a short run that says a measured one takes 2 s
+        return 2.0
+
+    speeds = {ts.BASELINE: 10.0, RMS: 12.0}
+    runner = table_runner(speeds, clock=clock, seconds_per_run=2.0)
+    rules = ts.Rules(warmup=1)
+    result = ts.measure([RMS], runner, rules, deadline=3.0, clock=clock, warm_up=warm_up)
+    assert clock.now == pytest.approx(0.2) and result[RMS].tokens_per_s == []  # a 4 s round would overrun
+
+
+def test_short_warm_ups_and_a_clearly_slower_candidate_leaves_after_three_rounds():
+    warmed, order = [], []
+    speeds = {ts.BASELINE: 10.0, RMS: 5.0, MLP: 10.3}
+    rules = ts.Rules(warmup=1, min_rounds=5, max_rounds=5)
+    result = ts.measure(
+        [RMS, MLP], table_runner(speeds, order=order), rules, warm_up=lambda c: warmed.append(c)
+    )
+    assert warmed == [ts.BASELINE, RMS, MLP] and order.count(ts.BASELINE) == 5
+    assert result[RMS].verdict == ts.SLOWER and len(result[RMS].ratios) == 3
+    assert result[MLP].verdict == ts.FASTER and len(result[MLP].ratios) == 5
