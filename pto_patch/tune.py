@@ -107,14 +107,21 @@ def run_seconds(run, new_tokens: int) -> float:
     return run.prefill_s + (new_tokens - 1) * run.decode_step_s
 
 
-def probe(loaded, kernels, inputs, ops, backends, clock) -> tuple[list[tuple[str, str]], list[dict], float]:
+def probe(
+    loaded, kernels, inputs, ops, backends, clock, deadline: float
+) -> tuple[list[tuple[str, str]], list[dict], float]:
     """Each (op, backend) once on a short run: usable where it ran and never fell back to torch.
 
-    Also returns the longest probe's seconds, the first estimate of how long a run takes.
+    Also returns the longest probe's seconds, the first estimate of how long a run takes. None
+    starts that should end past `deadline`.
     """
     usable, notes, longest = [], [], 0.0
     for op in ops:
         for backend in backends:
+            if clock() + longest > deadline:
+                note = "not tried: the budget was spent"
+                notes.append({"op": op, "backend": backend, "runs_here": False, "note": note})
+                continue
             kernels.reset_stats()
             candidate = Candidate.of({op: backend})
             started = clock()
@@ -208,8 +215,9 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     result.input = description
     ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]
     backends = backends_to_try(options.kernel_backend, device.kind)
+    end = began + options.budget_s - WRITE_RESERVE_S
     usable, result.probes, probe_s = probe(
-        loaded, kernels, repeat_for_batch(single, 1, device), ops, backends, clock
+        loaded, kernels, repeat_for_batch(single, 1, device), ops, backends, clock, end
     )
     # How long a warm-up takes, so that none starts that would end past the budget: scaled linearly in
     # batch size from the last one measured (an overstatement: decode is memory bound).
