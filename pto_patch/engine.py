@@ -9,7 +9,6 @@ back, so an interrupted apply never leaves a half-patched folder behind.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shutil
 import time
@@ -30,15 +29,14 @@ from pto_patch.fileio import (
 from pto_patch.locate import installed_transformers_release, locate_sources
 from pto_patch.manifest import (
     BACKUP_DIR,
-    DOWNLOAD_RECORD,
     MANIFEST_DIR,
     STATE_COMPLETE,
     STATE_IN_PROGRESS,
     FileRecord,
     Manifest,
-    drifted_files,
 )
-from pto_patch.model_folder import read_model_config, resolve_model_folder
+from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
 
@@ -330,18 +328,13 @@ def _roll_back_failed_apply(folder: Path) -> None:
 
 def _recover(folder: Path) -> bool:
     """Roll back an interrupted apply. Returns True when there was one."""
-    manifest_dir = folder / MANIFEST_DIR
-    if not manifest_dir.exists():
+    state = patch_state(folder)
+    if not state.interrupted:
         return False
-    if not Manifest.exists_in(folder):  # stopped before the manifest: only backups were written
-        shutil.rmtree(manifest_dir)
-        return True
-    manifest = Manifest.load(folder)
-    if manifest.state != STATE_IN_PROGRESS:
-        return False
-    _put_back(folder, manifest, keep_edited=set())
-    _check_restored(folder, manifest)
-    shutil.rmtree(manifest_dir)
+    if state.manifest is not None:  # else it stopped before the manifest: only backups were written
+        _put_back(folder, state.manifest, keep_edited=set())
+        _check_restored(folder, state.manifest)
+    shutil.rmtree(folder / MANIFEST_DIR)
     return True
 
 
@@ -359,9 +352,10 @@ def apply_patch(
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
     rolled_back = False
-    if Manifest.exists_in(folder):
-        manifest = Manifest.load(folder)
-        if manifest.state == STATE_COMPLETE:
+    state = patch_state(folder)
+    if state.state != NONE:
+        manifest = state.manifest
+        if state.patched:
             if set(manifest.ops) != set(chosen):
                 raise ModelFolderError(
                     f"{folder} is already patched with ops {', '.join(manifest.ops)}",
@@ -412,14 +406,13 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
-    if not (folder / MANIFEST_DIR).exists():
+    state = patch_state(folder)
+    if state.state == NONE:
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
-    if not Manifest.exists_in(folder):
+    if state.manifest is None:
         _recover(folder)
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
-    manifest = Manifest.load(folder)
-    interrupted = manifest.state == STATE_IN_PROGRESS
-    drifted = [] if interrupted else drifted_files(folder, manifest)
+    manifest, interrupted, drifted = state.manifest, state.interrupted, list(state.drifted)
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
@@ -440,40 +433,33 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
     )
 
 
-def _download_record(folder: Path) -> dict | None:
-    path = folder / DOWNLOAD_RECORD
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
     from pto_patch.codemods import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     release_now = installed_transformers_release()
-    download = _download_record(folder)
-    if not Manifest.exists_in(folder):
-        state = STATE_IN_PROGRESS if (folder / MANIFEST_DIR).exists() else None
+    download = read_download_record(folder)
+    state = patch_state(folder)
+    if state.manifest is None:
+        shown = STATE_IN_PROGRESS if state.interrupted else None
         return StatusResult(
-            folder, spec.name, patched=False, state=state, release_now=release_now, download=download
+            folder, spec.name, patched=False, state=shown, release_now=release_now, download=download
         )
-    manifest = Manifest.load(folder)
+    manifest = state.manifest
     modeling = folder / spec.modeling_file
     ops_found = find_injections(modeling.read_text(encoding="utf-8")) if modeling.is_file() else {}
     return StatusResult(
         folder=folder,
         spec=manifest.spec,
-        patched=manifest.state == STATE_COMPLETE,
+        patched=state.patched,
         state=manifest.state,
         ops=manifest.ops,
         ops_found=ops_found,
         release_at_apply=manifest.transformers_release,
         release_now=release_now,
         tool_version_at_apply=manifest.tool_version,
-        drifted=tuple(drifted_files(folder, manifest)),
+        drifted=state.drifted,
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
     )

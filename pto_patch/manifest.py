@@ -8,7 +8,7 @@ its backup lies, and, for a file that was a symbolic link, the link's target. `r
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,6 @@ class Manifest:
     added_dirs: tuple[str, ...] = ()
     state: str = STATE_COMPLETE
     schema_version: int = SCHEMA_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def with_state(self, state: str) -> Manifest:
         return Manifest(**{**self._fields(), "state": state})
@@ -89,7 +88,6 @@ class Manifest:
             added_dirs=tuple(data.get("added_dirs", ())),
             state=data.get("state", STATE_COMPLETE),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
-            extra=dict(data.get("extra", {})),
         )
 
     @staticmethod
