@@ -173,3 +173,16 @@ def test_concurrent_commands_never_lose_the_original(model_folder: Path, command
     if status.patched:
         engine.restore_model(model_path=model_folder)
     assert snapshot(model_folder) == before
+
+
+@pytest.mark.parametrize("command", ["verify", "bench"])
+def test_verify_and_bench_wait_for_no_writer(model_folder: Path, command: str, capsys, tmp_path: Path):
+    """They take the lock shared while they check and load: a writer at work makes them stop at once."""
+    holder = Holder(model_folder, folder_lock.EXCLUSIVE)
+    try:
+        extra = ("--output-dir", str(tmp_path)) if command == "bench" else ()
+        assert run_cli(command, "--model-path", str(model_folder), "--device", "cpu", *extra) == 1
+        stderr = capsys.readouterr().err
+        assert f"another pto-patch (pid {holder.process.pid}" in stderr and "Traceback" not in stderr
+    finally:
+        holder.release()
