@@ -336,7 +336,10 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     if not (folder / MANIFEST_DIR).exists():
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
     if not Manifest.exists_in(folder):
-        undo.recover(folder)
+        try:
+            undo.recover(folder)
+        except OSError as exc:
+            raise undo.stopped_restore_error(folder, exc) from exc
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
     manifest = Manifest.load(folder)
     interrupted = manifest.state == STATE_IN_PROGRESS
@@ -351,19 +354,16 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    kept = undo.keep_edited_copies(folder, drifted)
     try:
+        kept = undo.keep_edited_copies(folder, drifted)
         if not interrupted:
             undo.mark_restoring(folder, manifest)
-        restored, removed = undo.put_back(folder, manifest)
-        undo.check_restored(folder, manifest)
-        undo.drop_manifest_dir(folder)
+        try:
+            restored, removed = undo.finish_restore(folder, manifest)
+        except OSError:  # once more at once, as apply rolls back at once: a passing fault is gone
+            restored, removed = undo.finish_restore(folder, manifest)
     except OSError as exc:
-        raise PtoPatchError(
-            f"restoring {folder} stopped ({exc.strerror or exc}); left: {undo.what_is_left(folder)}",
-            "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
-            "it finishes where this one stopped",
-        ) from exc
+        raise undo.stopped_restore_error(folder, exc) from exc
     purged = undo.purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,

@@ -21,6 +21,7 @@ from pto_patch.fileio import (
     remove_path,
     remove_tree,
     sha256_file,
+    stray_temporaries,
 )
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
 
@@ -79,6 +80,8 @@ def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
     restored, removed = [], []
     for record in manifest.files:
         path = folder / record.path
+        for stray in stray_temporaries(path):  # from an apply or restore killed mid-write
+            remove_path(stray)
         if record.action == "added":
             if path.is_symlink() or path.exists():
                 remove_path(path)
@@ -176,15 +179,15 @@ def roll_back_failed_apply(folder: Path) -> BaseException | None:
 
 
 def what_is_left(folder: Path) -> str:
-    """What an apply that could not be rolled back left in the folder, in words."""
-    if not Manifest.exists_in(folder):
-        return f"only backups in {MANIFEST_DIR}/, no file of the model was changed"
+    """What a rollback or restore that stopped left in the folder, in words."""
+    if not Manifest.exists_in(folder):  # before apply wrote its manifest, or after restore removed it
+        return f"the original files, and leftovers in {MANIFEST_DIR}/ to clear"
     try:
         left = not_original(folder, Manifest.load(folder))
     except PtoPatchError:
         return f"a damaged {MANIFEST_DIR}/manifest.json"
     if not left:
-        return f"the original files, and {MANIFEST_DIR}/ still to be cleared"
+        return f"the original files, and leftovers in {MANIFEST_DIR}/ to clear"
     return f"{len(left)} file(s) not yet back to the original ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
 
 
@@ -206,6 +209,22 @@ def failed_apply_error(folder: Path, exc: OSError) -> PtoPatchError:
     )
 
 
+def finish_restore(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
+    """Put back, check every byte, and clear .pto_patch/; returns (restored, removed)."""
+    restored, removed = put_back(folder, manifest)
+    check_restored(folder, manifest)
+    drop_manifest_dir(folder)
+    return restored, removed
+
+
+def stopped_restore_error(folder: Path, exc: OSError) -> PtoPatchError:
+    return PtoPatchError(
+        f"restoring {folder} stopped ({exc.strerror or exc}); left: {what_is_left(folder)}",
+        "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
+        "it finishes where this one stopped",
+    )
+
+
 def recover(folder: Path) -> bool:
     """Roll back an interrupted apply (or restore). Returns True when there was one."""
     manifest_dir = folder / MANIFEST_DIR
@@ -217,7 +236,5 @@ def recover(folder: Path) -> bool:
     manifest = Manifest.load(folder)
     if manifest.state != STATE_IN_PROGRESS:
         return False
-    put_back(folder, manifest)
-    check_restored(folder, manifest)
-    drop_manifest_dir(folder)
+    finish_restore(folder, manifest)
     return True
