@@ -71,6 +71,19 @@ def keep_edited_copies(folder: Path, drifted: list[str]) -> list[str]:
     return kept
 
 
+def check_backups(folder: Path, manifest: Manifest) -> None:
+    """Every backup still needed is there, with its original hash, before anything is touched."""
+    for record in manifest.files:
+        if record.action == "added" or is_original(folder, record):
+            continue
+        backup = folder / record.backup if record.backup else None
+        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
+            raise PtoPatchError(
+                f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
+                "the original file cannot be restored from this folder; download the model again",
+            )
+
+
 def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
     """Put every original back; a path already original is left alone, so a second run finishes the first.
 
@@ -78,6 +91,7 @@ def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
     works on the full disk that made an apply fail.
     """
     restored, removed = [], []
+    check_backups(folder, manifest)
     for record in manifest.files:
         path = folder / record.path
         for stray in stray_temporaries(path):  # from an apply or restore killed mid-write
@@ -90,12 +104,7 @@ def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
         restored.append(record.path)
         if is_original(folder, record):
             continue
-        backup = folder / record.backup if record.backup else None
-        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
-            raise PtoPatchError(
-                f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
-                "the original file cannot be restored from this folder; download the model again",
-            )
+        backup = folder / record.backup
         if record.symlink_target is not None:
             atomic_symlink(path, record.symlink_target)
         else:

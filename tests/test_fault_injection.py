@@ -27,7 +27,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,25 +35,11 @@ from pto_patch import engine, fileio
 from pto_patch.errors import PtoPatchError
 from pto_patch.manifest import MANIFEST_DIR, Manifest
 from tests.folder_snapshot import snapshot
+from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 PASSING = (errno.ENOSPC, errno.EIO, errno.EACCES)
-TALLY: Counter = Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_counts(request):
-    yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = (
-        f"fault injection: {TALLY['faults']} faults injected over {TALLY['runs']} runs "
-        f"({TALLY['rollback_failed']} left the folder in progress), {TALLY['kills']} SIGKILLs; "
-        f"{TALLY['recovered']} of {TALLY['runs'] + TALLY['kills']} recovered to the original byte for byte"
-    )
-    if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(line)
 
 
 def _modeling_source() -> bytes:
@@ -183,7 +168,7 @@ def recover_and_check(layout: Layout, attempt: int) -> None:
     if (layout.folder / MANIFEST_DIR).exists():
         engine.restore_model(model_path=layout.folder)
     assert layout.state() == "original"
-    TALLY["recovered"] += 1
+    COUNTS["recovered"] += 1
 
 
 def _write_count(layout: Layout, command) -> int:
@@ -207,8 +192,8 @@ def test_every_fault_of_an_apply(layouts, kind: str, planned_once):
         layout.reset()
         with fileio.injected_faults(plan), pytest.raises(PtoPatchError) as failed:
             apply()
-        TALLY["runs"] += 1
-        TALLY["faults"] += plan.injected
+        COUNTS["fault_runs"] += 1
+        COUNTS["faults"] += plan.injected
         assert plan.injected >= 1
         message = failed.value.message
         assert message.startswith(f"writing the patch into {layout.folder} failed"), message
@@ -220,7 +205,7 @@ def test_every_fault_of_an_apply(layouts, kind: str, planned_once):
         elif "rolled back to its original bytes" in message:
             assert layout.state() == "original"
         else:
-            TALLY["rollback_failed"] += 1
+            COUNTS["left_in_progress"] += 1
             assert "rolling it back failed too" in message and "left: " in message
             assert "pto-patch restore" in failed.value.hint
             assert layout.state() == "in-progress", (mode, plan.nth)
@@ -253,15 +238,15 @@ def test_every_fault_of_a_restore(layouts, kind: str, planned_once):
             done = False
             assert failed.message.startswith(f"restoring {layout.folder} stopped"), failed.message
             assert "left: " in failed.message and "\n" not in failed.message
-        TALLY["runs"] += 1
-        TALLY["faults"] += plan.injected
+        COUNTS["fault_runs"] += 1
+        COUNTS["faults"] += plan.injected
         assert plan.injected >= 1
         layout.check_untouched_outside(plan)
         if mode in ("passing", "full-disk"):
             # the retry at once (passing) or renames that need no space (full disk) finish the job
             assert done and layout.state() == "original", (mode, plan.nth)
         elif not done:
-            TALLY["rollback_failed"] += 1
+            COUNTS["left_in_progress"] += 1
             if layout.state() == "in-progress" and Manifest.exists_in(layout.folder):
                 # status must not call a half-restored folder cleanly patched
                 status = engine.model_status(model_path=layout.folder)
@@ -314,7 +299,7 @@ def test_sigkill_at_spread_out_moments(layouts, command: str):
         layout.reset(patched=command == "restore")
         done = run_killed(nth, command, "--model-path", str(layout.folder))
         assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-        TALLY["kills"] += 1
+        COUNTS["kills"] += 1
         assert layout.blob_picture == snapshot(layout.blobs)
         if layout.state() == "in-progress":
             assert (layout.folder / MANIFEST_DIR).exists()  # the next command knows to roll it back

@@ -18,6 +18,7 @@ import pytest
 from pto_patch import engine, folder_lock
 from pto_patch.errors import FolderBusyError
 from tests.folder_snapshot import snapshot
+from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,6 +161,8 @@ def test_concurrent_commands_never_lose_the_original(model_folder: Path, command
     if commands[0] == "restore":
         engine.apply_patch(model_path=model_folder)
     processes = [_cli(command, "--model-path", str(model_folder)) for command in commands]
+    COUNTS["races"] += len(processes)
+    COUNTS["race_rounds"] += 1
     outcomes = []
     for process in processes:
         stdout, stderr = process.communicate(timeout=300)
