@@ -198,11 +198,14 @@ def _rewritten(folder: Path, path: Path, data: bytes, rewrite, context) -> str:
     try:
         return rewrite(data.decode("utf-8"), context)
     except UnicodeDecodeError as exc:
-        raise (ModelFolderError if own else AnchorNotFoundError)(
+        if own:
+            raise ModelFolderError(
+                f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                _OWN_SOURCE_HINT.format(name=path.name),
+            ) from exc
+        raise AnchorNotFoundError(
             f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-            _OWN_SOURCE_HINT.format(name=path.name)
-            if own
-            else "the source file is damaged; reinstall transformers",
+            "the source file is damaged; reinstall transformers",
         ) from exc
     except AnchorNotFoundError as exc:
         if not own:
