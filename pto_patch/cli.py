@@ -31,7 +31,12 @@ app = typer.Typer(
 )
 
 # Shared option types, declared once.
-ModelOpt = Annotated[str, typer.Option("--model", help="Model spec name (see templates/specs/).")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", help="Model spec: a name from `pto-patch models`, or the path of a spec .json file."
+    ),
+]
 ModelPathOpt = Annotated[
     Path | None,
     typer.Option(
@@ -130,6 +135,23 @@ def make_tiny(
         directory, model=model, full_width=full_width, layers=layers, seed=seed, force=force
     )
     render.make_tiny_result(result, as_json=as_json)
+
+
+@app.command()
+def models(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Show only this spec (a name, or the path of a spec .json file, checked)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the model specs: hub repo, folder variable, widths, and where each value comes from."""
+    from pto_patch import render
+    from pto_patch.model_catalog import list_models
+
+    render.models_result(list_models(model), as_json=as_json)
 
 
 # --- download ---------------------------------------------------------------------------------------

@@ -94,6 +94,35 @@ def status_result(result, *, as_json: bool) -> None:
     out.print(table)
 
 
+# --- models ------------------------------------------------------------------------------------------
+
+
+def models_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("models", result.to_json()))
+        return
+    for entry in result.models:
+        spec, shape = entry.spec, entry.to_json()["checkpoint"]
+        where = "" if spec.builtin else f"  [{spec.source_path}]"
+        out.print(
+            f"[bold]{spec.name}[/]  {spec.hub_repo_id}  (${spec.model_path_env}){where}", highlight=False
+        )
+        out.print(f"  {spec.description}", highlight=False)
+        if shape["hidden_size"]:
+            out.print(
+                f"  text {shape['hidden_size']} / {shape['intermediate_size']}, "
+                f"{shape['num_attention_heads']} / {shape['num_key_value_heads']} heads, "
+                f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
+                f"{'tied' if spec.tie_word_embeddings else 'own'} lm_head; "
+                f"vision {shape['vision_hidden_size']} -> {shape['vision_out_hidden_size']}",
+                highlight=False,
+            )
+        for source in spec.sources:
+            out.print(f"  source: {source['url']}: {source.get('what', '')}", highlight=False)
+        for note in spec.disagreements:
+            out.print(f"  sources disagree: {note}", highlight=False)
+
+
 # --- make-tiny and download ---------------------------------------------------------------------------
 
 
