@@ -139,10 +139,19 @@ def run(entry: str, requested: str, device_type: str, args: tuple):
     return result
 
 
+_NO_KERNELS = {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0}
+
+
 def stats() -> dict[str, dict]:
-    return {op: s.as_dict() for op, s in _STATS.items()}
+    """Per op: calls, backends, fallbacks, and `pypto_kernels` (built, compiles, cache hits, held)."""
+    kernels = _modules["pypto"].kernel_stats() if "pypto" in _modules else {}
+    return {
+        op: s.as_dict() | {"pypto_kernels": kernels.get(op, dict(_NO_KERNELS))} for op, s in _STATS.items()
+    }
 
 
 def reset_stats() -> None:
     for op in OPS:
         _STATS[op] = OpStats()
+    if "pypto" in _modules:
+        _modules["pypto"].reset_kernel_stats()
