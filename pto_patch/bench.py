@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pto_patch import verify
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.report import BatchRun, BenchResult, ModeRun, write_report
+from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
+from pto_patch.run.generation import measure_modes
+from pto_patch.run.inputs import encode_prompt, repeat_for_batch
+from pto_patch.run.loading import apply_compile, versions
+from pto_patch.run.ops import choose_ops, kernel_backend_name, op_failures, op_reports, set_switches
+from pto_patch.run.options import RunOptions
+from pto_patch.run.start import start_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -25,7 +31,7 @@ COPY_REPEATS = 5
 
 
 @dataclass(frozen=True)
-class BenchOptions(verify.RunOptions):
+class BenchOptions(RunOptions):
     output_length: int = 100
     batches: str = "1,4,8"
     output_dir: Path = Path(".")
@@ -67,7 +73,7 @@ def decode_weight_bytes(model) -> int:
     return total
 
 
-def measure_copy_bandwidth(device: verify.DeviceChoice, nbytes: int = COPY_BYTES) -> float:
+def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> float:
     """Bytes moved per second (read + write) by a device-to-same-device copy, median of a few."""
     import torch
 
@@ -76,125 +82,13 @@ def measure_copy_bandwidth(device: verify.DeviceChoice, nbytes: int = COPY_BYTES
     target.copy_(source)
     times = []
     for _ in range(COPY_REPEATS):
-        verify.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         target.copy_(source)
-        verify.synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - started)
     del source, target
     return 2 * nbytes / statistics.median(times)
-
-
-# --- results --------------------------------------------------------------------------------------
-
-
-@dataclass
-class ModeRun:
-    metrics: verify.ModeMetrics
-    ops: dict[str, verify.OpReport] | None = None
-
-    def to_json(self, floor_s: float | None) -> dict[str, Any]:
-        data = self.metrics.to_json()
-        step = self.metrics.decode_step_s  # timed token by token inside the timed runs
-        data["bandwidth_fraction"] = round(floor_s / step, 6) if floor_s and step else None
-        if self.ops is not None:
-            data["ops"] = {op: report.to_json() for op, report in self.ops.items()}
-        return data
-
-
-@dataclass
-class BatchRun:
-    batch: int
-    baseline: ModeRun
-    pto: ModeRun
-    switched_on: tuple[str, ...]
-    dynamic_config: list[dict[str, Any]] | None
-
-
-@dataclass
-class BenchResult(verify.Checked):
-    model_path: str
-    device: str
-    dtype: str
-    versions: dict[str, str]
-    input: dict[str, Any]
-    load_info: verify.LoadInfo
-    weight_bytes_per_token: int
-    copy_bandwidth_bytes_s: float
-    peak_memory_source: str
-    runs: list[BatchRun] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    kernel_backend: str = "auto"
-    options: dict[str, Any] = field(default_factory=dict)
-    other_patchers: list[verify.OtherPatcher] = field(default_factory=list)
-
-    @property
-    def floor_s(self) -> float:
-        return self.weight_bytes_per_token / self.copy_bandwidth_bytes_s
-
-    def _header(self) -> dict[str, Any]:
-        return {
-            "schema_version": verify.SCHEMA_VERSION,
-            "model_path": self.model_path,
-            "device": self.device,
-            "dtype": self.dtype,
-            "versions": dict(self.versions),
-            "input": dict(self.input),
-            "load_info": self.load_info.to_json(),
-            "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
-            "bandwidth": {
-                "weight_bytes_per_token": self.weight_bytes_per_token,
-                "copy_bandwidth_gb_s": round(self.copy_bandwidth_bytes_s / 1e9, 3),
-                "floor_ms": round(self.floor_s * 1000, 4),
-                "note": "floor = weight bytes one decode step reads / measured copy bandwidth (read + write)",
-            },
-            "peak_memory_source": self.peak_memory_source,
-        }
-
-    def mode_document(self, mode: str) -> dict[str, Any]:
-        """bench_baseline.json / bench_pypto.json: the verify report's per-mode keys, one entry per batch."""
-        runs = []
-        for run in self.runs:
-            entry = {"batch": run.batch}
-            entry.update((run.baseline if mode == "baseline" else run.pto).to_json(self.floor_s))
-            if mode != "baseline":
-                entry["switched_on"] = list(run.switched_on)
-            runs.append(entry)
-        doc = self._header()
-        doc.update(mode=mode, kernel_backend=None if mode == "baseline" else self.kernel_backend, runs=runs)
-        return doc
-
-    def to_json(self) -> dict[str, Any]:
-        doc = {"schema_version": verify.SCHEMA_VERSION, "command": "bench", "passed": self.passed}
-        doc.update(self._header())
-        runs = []
-        for run in self.runs:
-            base, pto = run.baseline.to_json(self.floor_s), run.pto.to_json(self.floor_s)
-            diff = {}
-            for key in ("latency_s", "tokens_per_s", "peak_memory_mb", "decode_step_ms"):
-                if base.get(key) and pto.get(key) is not None:
-                    diff[key] = round((pto[key] - base[key]) / base[key] * 100, 2)
-            runs.append(
-                {
-                    "batch": run.batch,
-                    "baseline": base,
-                    "pto": pto,
-                    "pto_vs_baseline_pct": diff,
-                    "switched_on": list(run.switched_on),
-                    "dynamic_config": run.dynamic_config,
-                }
-            )
-        doc.update(
-            runs=runs,
-            failures=list(self.failures),
-            warnings=list(self.warnings),
-            files=list(self.files),
-            kernel_backend=self.kernel_backend,
-            options=dict(self.options),
-        )
-        return doc
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -202,27 +96,26 @@ class BenchResult(verify.Checked):
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
-    loaded, failures, warnings = verify.start_run(options, batch=max(batches), use_pto=True)
+    started = start_run(options, batch=max(batches), use_pto=True)
+    loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
-    verify.apply_compile(loaded.model, options, warnings)
-    single, description = verify.build_inputs(loaded, options.prompt, options.image, options.simple_prompt)
-    kernel_backend = verify.kernel_backend_name(options)
+    apply_compile(loaded.model, options, warnings)
+    single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
+    kernel_backend = kernel_backend_name(options.kernel_backend)
     kernels = loaded.kernels
 
     runs = []
     for batch in batches:
-        inputs = verify.batched(single, batch, device)
-        switched_on, table = verify.choose_ops(
-            options.ops, spec, loaded.state, batch, options.use_dynamic_config
-        )
+        inputs = repeat_for_batch(single, batch, device)
+        switched_on, table = choose_ops(options.ops, spec, loaded.state, batch, options.use_dynamic_config)
         kernels.disable()
         kernels.reset_stats()
         switches = {
             "baseline": kernels.disable,
-            "pto": lambda ops=switched_on: verify.switch_on(kernels, ops, kernel_backend),
+            "pto": lambda ops=switched_on: set_switches(kernels, ops, kernel_backend),
         }
         try:
-            timed = verify.measure_modes(
+            timed = measure_modes(
                 loaded,
                 inputs,
                 switches,
@@ -234,8 +127,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
         finally:
             stats = kernels.stats()
             kernels.disable()
-        ops = verify.op_reports(stats, switched_on)
-        more_failures, more_warnings = verify.op_failures(ops, strict=False)
+        ops = op_reports(stats, switched_on)
+        more_failures, more_warnings = op_failures(ops, strict=False)
         failures += [f"batch {batch}: {message}" for message in more_failures]
         warnings += [f"batch {batch}: {message}" for message in more_warnings]
         runs.append(
@@ -254,13 +147,13 @@ def run_bench(options: BenchOptions) -> BenchResult:
         model_path=str(folder),
         device=device.name,
         dtype=loaded.dtype_name,
-        versions=verify.versions(),
+        versions=versions(),
         input=description,
         load_info=loaded.load_info,
         other_patchers=list(loaded.other_patchers),
         weight_bytes_per_token=weight_bytes,
         copy_bandwidth_bytes_s=bandwidth,
-        peak_memory_source=verify.peak_memory_source(device),
+        peak_memory_source=peak_memory_source(device),
         runs=runs,
         failures=failures,
         warnings=warnings,
@@ -269,6 +162,6 @@ def run_bench(options: BenchOptions) -> BenchResult:
     )
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
         path = Path(options.output_dir) / name
-        verify.write_report(result.mode_document(mode), path)
+        write_report(result.mode_document(mode), path)
         result.files.append(str(path))
     return result

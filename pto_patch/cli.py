@@ -31,7 +31,12 @@ app = typer.Typer(
 )
 
 # Shared option types, declared once.
-ModelOpt = Annotated[str, typer.Option("--model", help="Model spec name (see templates/specs/).")]
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", help="Model spec: a name from `pto-patch models`, or the path of a spec .json file."
+    ),
+]
 ModelPathOpt = Annotated[
     Path | None,
     typer.Option(
@@ -132,6 +137,23 @@ def make_tiny(
     render.make_tiny_result(result, as_json=as_json)
 
 
+@app.command()
+def models(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Show only this spec (a name, or the path of a spec .json file, checked)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the model specs: hub repo, folder variable, widths, and where each value comes from."""
+    from pto_patch import render
+    from pto_patch.model_catalog import list_models
+
+    render.models_result(list_models(model), as_json=as_json)
+
+
 # --- download ---------------------------------------------------------------------------------------
 
 
@@ -180,7 +202,7 @@ def download(
 # --- verify, bench, demo -----------------------------------------------------------------------------
 # Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
 # verify and bench name their parameters as the fields of VerifyOptions / BenchOptions (shared ones
-# in verify.RunOptions), so `_options` hands them over without a list to keep in step.
+# in run.options.RunOptions), so `_options` hands them over without a list to keep in step.
 
 PromptOpt = Annotated[
     str | None,

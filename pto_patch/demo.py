@@ -16,11 +16,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+from pto_patch.errors import PtoPatchError
+from pto_patch.report import DemoResult
+from pto_patch.run.folder import forget_folder_kernels
 
 MODEL_DIR = "gutenocr-tiny"
 IMAGE_NAME = "demo-page.png"
@@ -28,55 +29,8 @@ MODULES_DIR = "hf-modules"
 IMAGE_SIZE = (112, 84)  # multiples of 28: 12 image tokens on the tiny model
 # Enough warm-up and timed runs that one slow run does not decide the ratio, well under a minute.
 VERIFY_SETTINGS = {"warmup": 3, "iters": 8, "output_length": 16, "dtype": "bf16"}
-TIMING_NOTE = (
-    "the tiny model's timing is indicative only and says nothing about GutenOCR-3B's speed; "
-    "for that, run `pto-patch bench` on a `pto-patch make-tiny --full-width` model or the real one"
-)
 
 StepCallback = Callable[[str, Any, float], None]
-
-
-@dataclass
-class DemoResult:
-    directory: str
-    kept: bool
-    seconds: float
-    steps: list[tuple[str, float]]
-    files_compared: int
-    hash_differences: list[str]
-    verify: Any = None  # VerifyReport
-    modules_cache: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def hashes_identical(self) -> bool:
-        return self.files_compared > 0 and not self.hash_differences
-
-    @property
-    def passed(self) -> bool:
-        return self.hashes_identical and self.verify is not None and self.verify.passed
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": 1,
-            "command": "demo",
-            "passed": self.passed,
-            "directory": self.directory,
-            "kept": self.kept,
-            "seconds": round(self.seconds, 2),
-            "steps": [{"step": name, "seconds": round(seconds, 3)} for name, seconds in self.steps],
-            "hashes_identical": self.hashes_identical,
-            "files_compared": self.files_compared,
-            "hash_differences": list(self.hash_differences),
-            "verify": None if self.verify is None else self.verify.to_json(),
-            "modules_cache": self.modules_cache,
-            "notes": list(self.notes),
-            "timing_note": TIMING_NOTE,
-        }
 
 
 def folder_hashes(folder: Path) -> dict[str, str]:
@@ -124,20 +78,11 @@ def _isolate_modules_cache(work: Path, notes: list[str]) -> tuple[str | None, di
     return str(cache), saved
 
 
-def _forget_folder_modules(folder: Path) -> None:
-    """Drop the folder's pto_kernels import and sys.path entry so nothing points into a removed folder."""
-    loaded = sys.modules.get("pto_kernels")
-    if loaded is not None and str(folder) in str(getattr(loaded, "__file__", "")):
-        for name in [n for n in sys.modules if n == "pto_kernels" or n.startswith("pto_kernels.")]:
-            del sys.modules[name]
-    while str(folder) in sys.path:
-        sys.path.remove(str(folder))
-
-
 def run_demo(
     directory: Path | None = None, keep: bool = False, on_step: StepCallback | None = None
 ) -> DemoResult:
-    from pto_patch import engine, ocr_inputs, tiny_model, verify
+    from pto_patch import engine, ocr_inputs, tiny_model
+    from pto_patch.run.verification import VerifyOptions, verify_model
 
     started = time.perf_counter()
     work, created = _prepare_directory(directory)
@@ -163,8 +108,8 @@ def run_demo(
         step("status", lambda: engine.model_status(model_path=folder))
         image = work / IMAGE_NAME
         ocr_inputs.sample_image(*IMAGE_SIZE).save(image)
-        options = verify.VerifyOptions(model_path=folder, use_pto=True, image=image, **VERIFY_SETTINGS)
-        report = step("verify --use_pto", lambda: verify.run_verify(options))
+        options = VerifyOptions(model_path=folder, use_pto=True, image=image, **VERIFY_SETTINGS)
+        report = step("verify --use_pto", lambda: verify_model(options))
         step("restore", lambda: engine.restore_model(model_path=folder))
         after = folder_hashes(folder)
         differences = sorted(path for path in set(before) | set(after) if before.get(path) != after.get(path))
@@ -180,7 +125,7 @@ def run_demo(
             notes=notes,
         )
     finally:
-        _forget_folder_modules(folder)
+        forget_folder_kernels(folder)
         if saved_env["HF_MODULES_CACHE"] is None:
             os.environ.pop("HF_MODULES_CACHE", None)
         else:

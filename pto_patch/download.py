@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch import __version__
+from pto_patch import __version__, folder_lock
 from pto_patch.errors import DownloadError
 from pto_patch.manifest import DOWNLOAD_RECORD, Manifest
 from pto_patch.spec import ModelSpec, load_spec
@@ -150,11 +150,7 @@ def _output_folder(output_dir: str | Path | None, spec: ModelSpec) -> Path:
     folder = Path(output_dir).expanduser().resolve()
     if folder.exists() and not folder.is_dir():
         raise DownloadError(f"{folder} exists and is not a folder", "pick another --output-dir")
-    if Manifest.exists_in(folder):
-        raise DownloadError(
-            f"{folder} holds an applied pto-patch patch; downloading over it would undo half of it",
-            f"run `pto-patch restore --model-path {folder}` first, then download again",
-        )
+    _refuse_patched(folder)
     # The folder is created only once the hub answered; find now whether it can be at all.
     ancestor = folder
     while not ancestor.exists() and ancestor != ancestor.parent:
@@ -169,6 +165,14 @@ def _output_folder(output_dir: str | Path | None, spec: ModelSpec) -> Path:
             "pick a folder you can write to, or fix its permissions",
         )
     return folder
+
+
+def _refuse_patched(folder: Path) -> None:
+    if Manifest.exists_in(folder):
+        raise DownloadError(
+            f"{folder} holds an applied pto-patch patch; downloading over it would undo half of it",
+            f"run `pto-patch restore --model-path {folder}` first, then download again",
+        )
 
 
 # --- completeness ---------------------------------------------------------------------------------
@@ -420,7 +424,6 @@ def download_model(
     repo_id = model_id or spec.hub_repo_id
     folder = _output_folder(output_dir, spec)
     include, exclude = tuple(include), tuple(exclude)
-    filtered = bool(include or exclude)
 
     if _offline():
         return _check_offline(folder, spec, repo_id, revision, include, exclude, started)
@@ -446,6 +449,15 @@ def download_model(
     present = _present(folder, listing.sizes)
     _check_disk_space(folder, listing, present)
     folder.mkdir(parents=True, exist_ok=True)
+    with folder_lock.exclusive(folder):
+        _refuse_patched(folder)  # an apply may have landed while the hub answered
+        return _fetch(spec, repo_id, revision, token, include, exclude, folder, listing, started)
+
+
+def _fetch(spec, repo_id, revision, token, include, exclude, folder, listing, started) -> DownloadResult:
+    """Transfer the listed files into `folder` (whose lock is held), check it, and record the commit."""
+    filtered = bool(include or exclude)
+    present = _present(folder, listing.sizes)
     previous = read_record(folder)
     if previous is not None and previous.get("commit") != listing.commit:
         # The folder is about to change: until it checks out, it must not claim the old commit.

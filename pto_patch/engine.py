@@ -11,21 +11,18 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pto_patch import __version__
+from pto_patch import __version__, folder_lock, undo
 from pto_patch.config_fix import fixed_config, render_config
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
-    atomic_symlink,
     atomic_write_bytes,
     file_mode,
-    remove_path,
+    make_dirs,
     sha256_bytes,
-    sha256_file,
 )
 from pto_patch.locate import installed_transformers_release, locate_sources
 from pto_patch.manifest import (
@@ -37,6 +34,8 @@ from pto_patch.manifest import (
     FileRecord,
     Manifest,
     drifted_files,
+    link_target_escapes,
+    parent_escapes,
 )
 from pto_patch.model_folder import read_model_config, resolve_model_folder
 from pto_patch.resources import kernel_package_dir
@@ -108,11 +107,33 @@ class StatusResult:
 
 
 def _read_existing(folder: Path, relative: str) -> tuple[bytes | None, str | None, int | None]:
-    """Bytes (through a link), link target and mode of a file in the folder, or Nones if absent."""
+    """Bytes (through a link), link target and mode of a file in the folder, or Nones if absent.
+
+    Refuses what restore could not put back inside the folder: a path under a link that leads out,
+    a link that leads out (other than into the HF cache's blob store), a folder or a dangling link.
+    """
     path = folder / relative
+    if parent_escapes(folder, relative):
+        raise ModelFolderError(
+            f"{relative} in {folder} lies under a link that leads out of the folder",
+            "replace that linked folder by a real one, then run apply again",
+        )
+    target = os.readlink(path) if path.is_symlink() else None
+    if target is not None and link_target_escapes(folder, path, target):
+        raise ModelFolderError(
+            f"{path} is a link to {target}, outside the folder",
+            f"replace the link by a copy of its file (cp --remove-destination {os.path.realpath(path)} {path})",
+        )
+    if target is not None and not path.exists():
+        raise ModelFolderError(
+            f"{path} is a link to {target}, which does not exist", "fix or remove the link"
+        )
     if not path.exists():
         return None, None, None
-    target = os.readlink(path) if path.is_symlink() else None
+    if not path.is_file():
+        raise ModelFolderError(
+            f"{path} is not a regular file", "move it out of the way, then run apply again"
+        )
     return path.read_bytes(), target, file_mode(path)
 
 
@@ -186,7 +207,6 @@ def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
 
 
 def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: list[PlannedFile], info: dict):
-    manifest_dir = folder / MANIFEST_DIR
     records = []
     for item in planned:
         backup = None
@@ -216,133 +236,13 @@ def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: l
         added_dirs=added_dirs,
         state=STATE_IN_PROGRESS,
     )
-    manifest_dir.mkdir(exist_ok=True)
+    make_dirs(folder / MANIFEST_DIR)
     manifest.save(folder)
     for item in planned:
         atomic_write_bytes(
             folder / item.path, item.new_bytes, mode=item.mode if item.mode is not None else 0o644
         )
     manifest.with_state(STATE_COMPLETE).save(folder)
-
-
-def _remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
-    for relative in added_dirs:
-        root = folder / relative
-        if not root.is_dir():
-            continue
-        for cache in sorted(root.rglob("__pycache__"), reverse=True):  # written by `import pto_kernels`
-            shutil.rmtree(cache, ignore_errors=True)
-        for directory in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-            if not any(directory.iterdir()):
-                directory.rmdir()
-        if not any(root.iterdir()):
-            root.rmdir()
-
-
-def _put_back(
-    folder: Path, manifest: Manifest, keep_edited: set[str]
-) -> tuple[list[str], list[str], list[str]]:
-    restored, removed, kept = [], [], []
-    for record in manifest.files:
-        path = folder / record.path
-        if record.path in keep_edited and path.is_file():
-            edited = path.with_name(path.name + ".edited")
-            atomic_write_bytes(edited, path.read_bytes(), mode=file_mode(path))
-            kept.append(edited.relative_to(folder).as_posix())
-        if record.action == "added":
-            if path.is_symlink() or path.exists():
-                remove_path(path)
-            removed.append(record.path)
-            continue
-        backup = (folder / record.backup).read_bytes() if record.backup else None
-        if backup is None or sha256_bytes(backup) != record.sha256_before:
-            raise PtoPatchError(
-                f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
-                "the original file cannot be restored from this folder; download the model again",
-            )
-        if record.symlink_target is not None:
-            atomic_symlink(path, record.symlink_target)
-        else:
-            atomic_write_bytes(path, backup, mode=record.mode)
-        restored.append(record.path)
-    _remove_added_dirs(folder, manifest.added_dirs)
-    return restored, removed, kept
-
-
-def _check_restored(folder: Path, manifest: Manifest) -> None:
-    wrong = []
-    for record in manifest.files:
-        path = folder / record.path
-        if record.action == "added":
-            if path.exists() or path.is_symlink():
-                wrong.append(record.path)
-        elif record.symlink_target is not None:
-            if not path.is_symlink() or os.readlink(path) != record.symlink_target:
-                wrong.append(record.path)
-        elif not path.is_file() or sha256_file(path) != record.sha256_before:
-            wrong.append(record.path)
-    if wrong:
-        raise PtoPatchError(
-            f"after restore, {', '.join(wrong)} in {folder} still differ from the original bytes",
-            f"the backups are kept in {folder / MANIFEST_DIR}; copy them back by hand",
-        )
-
-
-def _sanitized(name: str) -> str:
-    name = name.replace(".", "_dot_").replace("-", "_hyphen_")
-    return f"_{name}" if name[:1].isdigit() else name
-
-
-def _purge_module_caches(folder: Path, manifest: Manifest) -> list[str]:
-    """Remove transformers' cached copies of the remote code apply wrote into this folder.
-
-    transformers copies a local folder's code to `<modules>/transformers_modules/<name>[/<hash>]/`.
-    Only copies whose bytes are exactly a file apply wrote are removed, so another folder with the
-    same name keeps its cache.
-    """
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
-    )
-    modules = Path(os.environ.get("HF_MODULES_CACHE") or os.path.join(home, "modules"))
-    written = {record.sha256_after for record in manifest.files if record.path.endswith(".py")}
-    purged = []
-    for name in sorted({folder.name, _sanitized(folder.name)}):
-        root = modules / "transformers_modules" / name
-        if not root.is_dir():
-            continue
-        for candidate in sorted({root, *(p for p in root.iterdir() if p.is_dir())}, reverse=True):
-            copies = [p for p in candidate.glob("*.py") if p.name != "__init__.py"]
-            if copies and any(sha256_file(p) in written for p in copies):
-                shutil.rmtree(candidate, ignore_errors=True)
-                purged.append(str(candidate))
-        if root.is_dir() and not [p for p in root.iterdir() if p.name not in ("__init__.py", "__pycache__")]:
-            shutil.rmtree(root, ignore_errors=True)
-    return purged
-
-
-def _roll_back_failed_apply(folder: Path) -> None:
-    """Undo a failed apply at once; if even that fails, the next command finds the manifest in progress."""
-    try:
-        _recover(folder)
-    except Exception:  # the next command rolls back from the manifest
-        pass
-
-
-def _recover(folder: Path) -> bool:
-    """Roll back an interrupted apply. Returns True when there was one."""
-    manifest_dir = folder / MANIFEST_DIR
-    if not manifest_dir.exists():
-        return False
-    if not Manifest.exists_in(folder):  # stopped before the manifest: only backups were written
-        shutil.rmtree(manifest_dir)
-        return True
-    manifest = Manifest.load(folder)
-    if manifest.state != STATE_IN_PROGRESS:
-        return False
-    _put_back(folder, manifest, keep_edited=set())
-    _check_restored(folder, manifest)
-    shutil.rmtree(manifest_dir)
-    return True
 
 
 # --- the three commands ----------------------------------------------------------------------------
@@ -358,6 +258,11 @@ def apply_patch(
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
+    with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
+        return _apply_locked(spec, folder, chosen, dry_run, started)
+
+
+def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
     rolled_back = False
     if Manifest.exists_in(folder):
         manifest = Manifest.load(folder)
@@ -366,6 +271,13 @@ def apply_patch(
                 raise ModelFolderError(
                     f"{folder} is already patched with ops {', '.join(manifest.ops)}",
                     "run `pto-patch restore` first, then apply with the new --ops",
+                )
+            drifted = drifted_files(folder, manifest)
+            if drifted:  # edited since, or a restore that stopped halfway: not "already patched"
+                raise DriftError(
+                    f"{folder} is patched, but {', '.join(drifted)} changed since apply",
+                    "run `pto-patch restore` (with --force the edits are kept beside as *.edited), "
+                    "then apply again",
                 )
             return ApplyResult(
                 folder=folder,
@@ -382,7 +294,14 @@ def apply_patch(
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
-        rolled_back = _recover(folder)
+        try:
+            rolled_back = undo.recover(folder)
+        except OSError as exc:
+            raise PtoPatchError(
+                f"rolling back the interrupted apply in {folder} failed ({exc.strerror or exc}); "
+                f"left: {undo.what_is_left(folder)}",
+                "fix the cause (free disk space, permissions), then run `pto-patch restore`",
+            ) from exc
     planned, info = plan_patch(folder, spec, chosen)
     result = ApplyResult(
         folder=folder,
@@ -397,13 +316,10 @@ def apply_patch(
         return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
     try:
         _write_patch(folder, spec, chosen, planned, info)
-    except BaseException as exc:
-        _roll_back_failed_apply(folder)
-        if isinstance(exc, OSError):
-            raise PtoPatchError(
-                f"writing the patch into {folder} failed ({exc.strerror or exc}); the folder was rolled back",
-                "free disk space or fix the folder's permissions, then run apply again",
-            ) from exc
+    except OSError as exc:
+        raise undo.failed_apply_error(folder, exc) from exc
+    except BaseException:
+        undo.roll_back_failed_apply(folder)
         raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)
 
@@ -412,23 +328,43 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
+    with folder_lock.exclusive(folder):
+        return _restore_locked(folder, force, started)
+
+
+def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     if not (folder / MANIFEST_DIR).exists():
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
     if not Manifest.exists_in(folder):
-        _recover(folder)
+        undo.recover(folder)
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
     manifest = Manifest.load(folder)
     interrupted = manifest.state == STATE_IN_PROGRESS
-    drifted = [] if interrupted else drifted_files(folder, manifest)
+    # a file already back to its original is the trace of a restore that stopped, not an edit
+    drifted = (
+        []
+        if interrupted
+        else sorted(set(drifted_files(folder, manifest)) - undo.original_paths(folder, manifest))
+    )
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    restored, removed, kept = _put_back(folder, manifest, keep_edited=set(drifted))
-    _check_restored(folder, manifest)
-    shutil.rmtree(folder / MANIFEST_DIR)
-    purged = _purge_module_caches(folder, manifest)
+    kept = undo.keep_edited_copies(folder, drifted)
+    try:
+        if not interrupted:
+            undo.mark_restoring(folder, manifest)
+        restored, removed = undo.put_back(folder, manifest)
+        undo.check_restored(folder, manifest)
+        undo.drop_manifest_dir(folder)
+    except OSError as exc:
+        raise PtoPatchError(
+            f"restoring {folder} stopped ({exc.strerror or exc}); left: {undo.what_is_left(folder)}",
+            "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
+            "it finishes where this one stopped",
+        ) from exc
+    purged = undo.purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,
         restored=tuple(restored),

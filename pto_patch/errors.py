@@ -51,3 +51,7 @@ class DriftError(PtoPatchError):
 
 class DownloadError(PtoPatchError):
     """The checkpoint could not be fetched or is incomplete."""
+
+
+class FolderBusyError(PtoPatchError):
+    """Another pto-patch holds the model folder's lock."""

@@ -17,8 +17,8 @@ from typing import Any
 from pto_patch.errors import ModelFolderError
 
 IMAGE_TOKEN = "<|image_pad|>"
-# mm_token_type_ids values, as transformers defines them: text 0, image 1, video 2.
-TEXT_TYPE, IMAGE_TYPE = 0, 1
+# The mm_token_type_ids value of an image token, as transformers defines them (text 0, image 1, video 2).
+IMAGE_TYPE = 1
 
 
 def sample_image(width: int = 56, height: int = 56, seed: int = 0):
@@ -96,7 +96,7 @@ def build_inputs(
                     "the model folder is incomplete; download it again",
                 )
             image_processor = load_image_processor(folder)
-        image = _as_rgb_image(image)
+        image = as_rgb_image(image)
         vision = image_processor(images=[image], return_tensors="pt")
         grid = vision["image_grid_thw"]
         tokens = int(grid[0].prod()) // image_processor.merge_size**2
@@ -119,7 +119,8 @@ def build_inputs(
     return inputs
 
 
-def _as_rgb_image(image: Any):
+def as_rgb_image(image: Any):
+    """A PIL image in RGB, from a path or an image; a one-line error for a file PIL cannot read."""
     from PIL import Image
 
     if isinstance(image, (str, Path)):

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, is_dataclass
-from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
 from pto_patch.console import err, out, print_json
-
-JSON_SCHEMA_VERSION = 1
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value):
-        return _jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def document(kind: str, result: Any, **extra: Any) -> dict[str, Any]:
-    """A versioned JSON document for one command's result."""
-    body = _jsonable(result)
-    return {"schema_version": JSON_SCHEMA_VERSION, "command": kind, **body, **extra}
+from pto_patch.report import document
 
 
 def apply_result(result, *, as_json: bool) -> None:
@@ -100,6 +78,35 @@ def status_result(result, *, as_json: bool) -> None:
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)
+
+
+# --- models ------------------------------------------------------------------------------------------
+
+
+def models_result(result, *, as_json: bool) -> None:
+    if as_json:
+        print_json(document("models", result.to_json()))
+        return
+    for entry in result.models:
+        spec, shape = entry.spec, entry.to_json()["checkpoint"]
+        where = "" if spec.builtin else f"  [{spec.source_path}]"
+        out.print(
+            f"[bold]{spec.name}[/]  {spec.hub_repo_id}  (${spec.model_path_env}){where}", highlight=False
+        )
+        out.print(f"  {spec.description}", highlight=False)
+        if shape["hidden_size"]:
+            out.print(
+                f"  text {shape['hidden_size']} / {shape['intermediate_size']}, "
+                f"{shape['num_attention_heads']} / {shape['num_key_value_heads']} heads, "
+                f"{shape['num_hidden_layers']} layers, vocab {shape['vocab_size']}, "
+                f"{'tied' if spec.tie_word_embeddings else 'own'} lm_head; "
+                f"vision {shape['vision_hidden_size']} -> {shape['vision_out_hidden_size']}",
+                highlight=False,
+            )
+        for source in spec.sources:
+            out.print(f"  source: {source['url']}: {source.get('what', '')}", highlight=False)
+        for note in spec.disagreements:
+            out.print(f"  sources disagree: {note}", highlight=False)
 
 
 # --- make-tiny and download ---------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """A model is a spec: data under `templates/specs/<name>.json`, validated into a frozen dataclass.
 
-Supporting another Qwen2.5-VL fine-tune means adding a JSON file there, not code.
+Supporting another Qwen2.5-VL fine-tune means adding a JSON file there (or passing the path of one
+to `--model`), not code. Each spec records where its values come from (`sources`) and where public
+sources disagree (`disagreements`).
 """
 
 from __future__ import annotations
 
 import json
+import keyword
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,18 @@ class ModelSpec:
     mrope_section: tuple[int, ...]
     tiny: dict[str, Any] = field(default_factory=dict)
     full_width: dict[str, Any] = field(default_factory=dict)
+    # False: the checkpoint ships its own lm_head.weight (the 7B models); True: lm_head is the embedding.
+    tie_word_embeddings: bool = True
+    # The checkpoint's public config.json values, as recorded from `sources`.
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    sources: tuple[dict[str, str], ...] = ()
+    disagreements: tuple[str, ...] = ()
     source_path: Path | None = None
+
+    @property
+    def builtin(self) -> bool:
+        """Shipped with pto-patch (under templates/specs/), rather than a spec file passed by path."""
+        return self.source_path is not None and self.source_path.parent == specs_dir()
 
     def renamed(self, class_name: str) -> str:
         """The name a class defined in the model's files gets in the patched files."""
@@ -97,7 +111,18 @@ class ModelSpec:
                 classes=tuple(entry.get("classes", ())),
                 functions=tuple(entry.get("functions", ())),
             )
-        renames = tuple((str(a), str(b)) for a, b in data["class_renames"])
+        renames = _validated_renames(data["class_renames"], where)
+        tie = data.get("tie_word_embeddings", True)
+        if not isinstance(tie, bool):
+            raise SpecError(f"model spec {where}: tie_word_embeddings must be true or false", "fix the spec")
+        sources = data.get("sources", [])
+        if not isinstance(sources, list) or not all(
+            isinstance(item, dict) and isinstance(item.get("url"), str) for item in sources
+        ):
+            raise SpecError(
+                f'model spec {where}: sources must be a list of {{"url": ..., "what": ...}}',
+                "compare it with templates/specs/gutenocr_3b.json",
+            )
         return cls(
             name=data["name"],
             description=data.get("description", ""),
@@ -113,8 +138,34 @@ class ModelSpec:
             mrope_section=tuple(int(x) for x in data["mrope_section"]),
             tiny=dict(data.get("tiny", {})),
             full_width=dict(data.get("full_width", {})),
+            tie_word_embeddings=tie,
+            checkpoint=dict(data.get("checkpoint", {})),
+            sources=tuple({str(k): str(v) for k, v in item.items()} for item in sources),
+            disagreements=tuple(str(item) for item in data.get("disagreements", ())),
             source_path=source_path,
         )
+
+
+RENAMES_HINT = 'give class_renames as [["Qwen2_5_VL", "MyModelVL"], ...] with your own prefix'
+
+
+def _validated_renames(pairs: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """(old prefix, new prefix) pairs; a new prefix must be an identifier no old prefix matches again."""
+    if not isinstance(pairs, list) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
+        raise SpecError(f"model spec {where}: class_renames must be a list of [old, new] pairs", RENAMES_HINT)
+    renames = tuple((str(a), str(b)) for a, b in pairs)
+    for _old, new in renames:
+        if not new.isidentifier() or keyword.iskeyword(new):
+            raise SpecError(
+                f"model spec {where}: class prefix {new!r} is not a Python identifier", RENAMES_HINT
+            )
+        clash = next((other for other, _ in renames if new.startswith(other)), None)
+        if clash is not None:
+            raise SpecError(
+                f"model spec {where}: new class prefix {new!r} starts with the renamed prefix {clash!r}",
+                "pick a prefix of your own that does not start with a Qwen class prefix",
+            )
+    return renames
 
 
 def specs_dir() -> Path:
@@ -125,16 +176,50 @@ def known_specs() -> list[str]:
     return sorted(path.stem for path in specs_dir().glob("*.json"))
 
 
-def load_spec(name: str) -> ModelSpec:
+def _looks_like_path(name: str) -> bool:
+    return name.endswith(".json") or "/" in name or "\\" in name
+
+
+def spec_path(name: str) -> Path:
+    """The spec file `--model` names: a built-in spec's name, or the path of a spec file."""
+    if _looks_like_path(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise SpecError(
+                f"model spec file {path} does not exist",
+                "pass a built-in model name (see `pto-patch models`) or the path of a spec .json file",
+            )
+        return path.resolve()
     path = specs_dir() / f"{name}.json"
     if not path.is_file():
         known = ", ".join(known_specs()) or "(none)"
-        raise SpecError(f"unknown model '{name}'", f"known models: {known}")
+        raise SpecError(
+            f"unknown model '{name}'", f"known models: {known}; or pass the path of a spec .json file"
+        )
+    return path
+
+
+def load_spec(name: str) -> ModelSpec:
+    """A built-in spec by name (`gutenocr_7b`), or a spec file by path (`./my_finetune.json`)."""
+    path = spec_path(name)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise SpecError(f"model spec {path} is not valid JSON: {exc}", "fix or reinstall pto-patch") from exc
+        raise SpecError(f"model spec {path} is not valid JSON: {exc}", "fix the spec file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            f"cannot read model spec {path}: {exc}", "check the file and its permissions"
+        ) from exc
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"model spec {path} holds no JSON object", "compare it with templates/specs/gutenocr_3b.json"
+        )
     return ModelSpec.from_json(data, source_path=path)
+
+
+def all_specs() -> list[ModelSpec]:
+    """Every built-in spec, by name."""
+    return [load_spec(name) for name in known_specs()]
 
 
 def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 The folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
 `vision_config` nested, `rope_scaling: {"type": "mrope", ...}`), safetensors shards in the hub's
-legacy key layout (`model.layers.N...`, `visual.blocks.N...`, no `lm_head` since it is tied) with a
+legacy key layout (`model.layers.N...`, `visual.blocks.N...`, `lm_head` only where the spec unties it) with a
 `model.safetensors.index.json`, a small byte-level BPE tokenizer carrying the Qwen special tokens,
 a chat template, preprocessor_config.json and generation_config.json. That layout loads on every
 supported transformers release (4.57 - 5.24); what a release's `save_pretrained` writes does not.
@@ -286,7 +286,7 @@ def _config(spec: ModelSpec, sizes: _Sizes, vocab_size: int, token_ids: dict[str
         "rope_scaling": {"type": "mrope", "mrope_section": list(sizes.mrope_section)},
         "rope_theta": 1000000.0,
         "sliding_window": 32768,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": spec.tie_word_embeddings,
         "torch_dtype": "bfloat16",
         "use_cache": True,
         "use_sliding_window": False,
@@ -347,8 +347,13 @@ def _generation_config(token_ids: dict[str, int]) -> dict[str, Any]:
 # --- weights ------------------------------------------------------------------------------------
 
 
-def _weight_layout(sizes: _Sizes, vocab_size: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
-    """(hub legacy key, shape, kind) for every tensor, in a fixed order. Kinds: linear, bias, norm, embed."""
+def _weight_layout(
+    sizes: _Sizes, vocab_size: int, tied: bool = True
+) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(hub legacy key, shape, kind) for every tensor, in a fixed order. Kinds: linear, bias, norm, embed.
+
+    An untied model (the 7B checkpoints) carries its own `lm_head.weight`; a tied one has none.
+    """
     h, kv = sizes.hidden, sizes.kv_heads * sizes.head_dim
     vh, vi = sizes.vision_hidden, sizes.vision_intermediate
     merged = vh * SPATIAL_MERGE**2
@@ -382,6 +387,8 @@ def _weight_layout(sizes: _Sizes, vocab_size: int) -> Iterator[tuple[str, tuple[
         yield f"{layer}.mlp.up_proj.weight", (sizes.intermediate, h), "linear"
         yield f"{layer}.mlp.down_proj.weight", (h, sizes.intermediate), "linear"
     yield "model.norm.weight", (h,), "norm"
+    if not tied:
+        yield "lm_head.weight", (vocab_size, h), "embed"
 
 
 def _random_tensor(shape: tuple[int, ...], kind: str, generator):
@@ -400,11 +407,13 @@ def _random_tensor(shape: tuple[int, ...], kind: str, generator):
     return values.to(torch.bfloat16)
 
 
-def _write_weights(folder: Path, sizes: _Sizes, vocab_size: int, seed: int) -> tuple[list[str], int]:
+def _write_weights(
+    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool
+) -> tuple[list[str], int]:
     import torch
     from safetensors.torch import save_file
 
-    layout = list(_weight_layout(sizes, vocab_size))
+    layout = list(_weight_layout(sizes, vocab_size, tied))
     bytes_per = 2  # bfloat16
     total_size = sum(math.prod(shape) * bytes_per for _, shape, _ in layout)
     names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
@@ -463,7 +472,8 @@ def weight_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Hub key -> shape of every tensor `make_tiny` writes for these options, without drawing any."""
     plan = _plan(model, full_width, layers)
-    return {key: shape for key, shape, _ in _weight_layout(plan.sizes, plan.vocab_size)}
+    layout = _weight_layout(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
+    return {key: shape for key, shape, _ in layout}
 
 
 def make_tiny(
@@ -504,7 +514,9 @@ def make_tiny(
     _write_json(folder / "config.json", _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids))
     _write_json(folder / "generation_config.json", _generation_config(plan.token_ids))
     _write_json(folder / "preprocessor_config.json", _preprocessor_config())
-    weight_files, parameters = _write_weights(folder, plan.sizes, plan.vocab_size, seed)
+    weight_files, parameters = _write_weights(
+        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings
+    )
 
     files = (
         "chat_template.json",

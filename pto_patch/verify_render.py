@@ -7,6 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from pto_patch.console import err, out, print_json
+from pto_patch.report import DEMO_TIMING_NOTE, ratio_of
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -21,11 +22,7 @@ def _pct(new: float | None, old: float | None) -> str:
     return f"{(new - old) / old * 100:+.1f} %"
 
 
-def _div(new: float | None, old: float | None) -> float | None:
-    return new / old if new is not None and old else None
-
-
-def _ratio(value: float | None) -> str:
+def _times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
@@ -132,7 +129,7 @@ def _timing_table(doc: dict[str, Any]) -> None:
     for label, key, digits in MODE_ROWS:
         cells = [label, _fmt(base[key], digits)]
         if pto is not None:
-            cells += [_fmt(pto[key], digits), _ratio(ratios.get(key, _div(pto[key], base[key])))]
+            cells += [_fmt(pto[key], digits), _times(ratios.get(key, ratio_of(pto[key], base[key])))]
         table.add_row(*cells)
     out.print(table)
     out.print(f"  peak memory: {doc['peak_memory_source']}")
@@ -220,7 +217,6 @@ def bench_result(result, *, as_json: bool) -> None:
 def demo_step(name: str, result: Any, seconds: float, as_json: bool) -> None:
     """Progress while the demo runs (stderr under --json, so stdout keeps one document)."""
     from pto_patch import render
-    from pto_patch.demo import TIMING_NOTE
 
     if as_json:
         err.print(f"demo: {name} done in {seconds:.1f} s")
@@ -234,7 +230,7 @@ def demo_step(name: str, result: Any, seconds: float, as_json: bool) -> None:
         render.status_result(result, as_json=False)
     elif name == "verify --use_pto":
         verify_report(result, as_json=False)
-        out.print(f"[yellow]note:[/] {TIMING_NOTE}", markup=True, highlight=False)
+        out.print(f"[yellow]note:[/] {DEMO_TIMING_NOTE}", markup=True, highlight=False)
     elif name == "restore":
         render.restore_result(result, as_json=False)
 

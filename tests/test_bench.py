@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch import bench, cli, engine, verify
+from pto_patch import bench, cli, engine
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, PtoPatchError
 from pto_patch.manifest import STATE_IN_PROGRESS, Manifest
+from pto_patch.run.device import DeviceChoice
 from pto_patch.tiny_model import make_tiny
 
 MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}
@@ -77,7 +78,7 @@ def test_decode_weight_bytes_counts_text_layers_and_lm_head_once(tied):
 
 
 def test_copy_bandwidth_is_measured():
-    assert bench.measure_copy_bandwidth(verify.DeviceChoice("cpu", "cpu", "test"), nbytes=1 << 22) > 0
+    assert bench.measure_copy_bandwidth(DeviceChoice("cpu", "cpu", "test"), nbytes=1 << 22) > 0
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine
+from pto_patch import engine, fileio
 from pto_patch.cli import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError, SpecError
 from pto_patch.manifest import Manifest, drifted_files
@@ -181,24 +182,15 @@ def test_a_failed_write_rolls_the_apply_back_at_once(model_folder: Path, monkeyp
     assert snapshot(model_folder) == before
 
 
-# Every write after the Nth fails, so the immediate rollback fails too (as if the process died):
-# the next command must find the manifest in progress and roll back from it.
-@pytest.mark.parametrize("fail_after", [1, 2, 4, 8])
-def test_interrupted_apply_is_rolled_back_by_the_next_command(model_folder: Path, monkeypatch, fail_after):
+# Every file operation from the Nth on fails, so the immediate rollback fails too (as if the process
+# died): the message says so, and the next command finds the manifest in progress and rolls back.
+@pytest.mark.parametrize("nth", [2, 4, 8, 16])
+def test_interrupted_apply_is_rolled_back_by_the_next_command(model_folder: Path, nth):
     before = snapshot(model_folder)
-    real_write = engine.atomic_write_bytes
-    writes = {"n": 0}
-
-    def failing_write(path, data, **kwargs):
-        if writes["n"] >= fail_after:
-            raise KeyboardInterrupt  # the user pressed Ctrl-C mid-apply
-        writes["n"] += 1
-        real_write(path, data, **kwargs)
-
-    monkeypatch.setattr(engine, "atomic_write_bytes", failing_write)
-    with pytest.raises(KeyboardInterrupt):
-        engine.apply_patch(model_path=model_folder)
-    monkeypatch.setattr(engine, "atomic_write_bytes", real_write)
+    with fileio.injected_faults(fileio.FaultPlan(nth=nth, error=errno.EIO, persistent=True)):
+        with pytest.raises(PtoPatchError, match="rolling it back failed too") as failed:
+            engine.apply_patch(model_path=model_folder)
+    assert "left: " in failed.value.message and "pto-patch restore" in failed.value.hint
     assert snapshot(model_folder) != before
     status = engine.model_status(model_path=model_folder)
     assert not status.patched
@@ -207,21 +199,11 @@ def test_interrupted_apply_is_rolled_back_by_the_next_command(model_folder: Path
     assert snapshot(model_folder) == before
 
 
-def test_interrupted_apply_is_completed_by_the_next_apply(model_folder: Path, monkeypatch):
+def test_interrupted_apply_is_completed_by_the_next_apply(model_folder: Path):
     before = snapshot(model_folder)
-    real_write = engine.atomic_write_bytes
-    writes = {"n": 0}
-
-    def failing_write(path, data, **kwargs):
-        if writes["n"] >= 5:
-            raise OSError(28, "No space left on device")
-        writes["n"] += 1
-        real_write(path, data, **kwargs)
-
-    monkeypatch.setattr(engine, "atomic_write_bytes", failing_write)
-    with pytest.raises(PtoPatchError, match="No space left on device"):
-        engine.apply_patch(model_path=model_folder)
-    monkeypatch.setattr(engine, "atomic_write_bytes", real_write)
+    with fileio.injected_faults(fileio.FaultPlan(nth=10, error=errno.ENOSPC, persistent=True)):
+        with pytest.raises(PtoPatchError, match="No space left on device"):
+            engine.apply_patch(model_path=model_folder)
     result = engine.apply_patch(model_path=model_folder)
     assert result.rolled_back_interrupted
     assert engine.model_status(model_path=model_folder).patched

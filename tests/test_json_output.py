@@ -106,6 +106,26 @@ def documented_keys(command: str) -> set[str]:
     return keys
 
 
+# --- models -----------------------------------------------------------------------------------------
+
+
+def entry_keys() -> set[str]:
+    """The first column of the 'entry key' table under `## models` in json-schemas.md."""
+    text = SCHEMAS.read_text(encoding="utf-8")
+    section = re.search(r"^## models\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+    table = section.split("| entry key |", 1)[1]
+    return set(re.findall(r"^\| ([a-z_]+) \|", table, re.M))
+
+
+def test_models(env):
+    code, document, _ = run(env, "models", "--json")
+    assert code == EXIT_OK
+    assert_document(document, "models")
+    assert document["models"] and all(set(entry) == entry_keys() for entry in document["models"])
+    code, error, _ = run(env, "models", "--model", "no_such_model", "--json")
+    assert_error(code, error, EXIT_ERROR)
+
+
 # --- make-tiny, apply, status, restore --------------------------------------------------------------
 
 

@@ -25,6 +25,17 @@ from pto_patch import bench, cli, engine, verify
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.ocr_inputs import sample_image
+from pto_patch.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
+from pto_patch.run import device, loading
+from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
+from pto_patch.run.folder import check_folder, import_folder_kernels
+from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
+from pto_patch.run.inputs import OCR_PROMPT
+from pto_patch.run.loading import apply_compile, fix_rope_config, load_failures
+from pto_patch.run.ops import dynamic_choice, op_failures
+from pto_patch.run.options import RunOptions
+from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
+from pto_patch.run.verification import VerifyOptions
 from pto_patch.spec import load_spec
 from pto_patch.tiny_model import make_tiny
 
@@ -56,14 +67,15 @@ def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
 """
 
 
-# A test-only seam: run the CLI with `verify.load_model` wrapped, so that the loaded model can be changed
+# A test-only seam: run the CLI with `loading.load_model` wrapped, so that the loaded model can be changed
 # the way a run-time patcher (Liger's `model=` path, `kernels`' kernelize) changes it. argv[1] holds the
 # change as Python source run with `model` bound; start_run looks load_model up at call time.
 AFTER_LOAD = """
 import sys
-from pto_patch import cli, verify
+from pto_patch import cli
+from pto_patch.run import loading
 
-_change, _load_model = sys.argv.pop(1), verify.load_model
+_change, _load_model = sys.argv.pop(1), loading.load_model
 
 
 def load_model(*args, **kwargs):
@@ -72,7 +84,7 @@ def load_model(*args, **kwargs):
     return loaded
 
 
-verify.load_model = load_model
+loading.load_model = load_model
 cli.main(sys.argv[1:])
 """
 # Instance level: one decoder layer's MLP gets a plain forward (what Liger's `model=` path does).
@@ -174,42 +186,42 @@ def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
     ],
 )
 def test_parse_device(text, expected):
-    assert verify.parse_device(text) == expected
+    assert parse_device(text) == expected
 
 
 @pytest.mark.parametrize("text", ["gpu", "cpu:0", "cuda:x", "npu:-1", ""])
 def test_parse_device_rejects(text):
     with pytest.raises(PtoPatchError) as caught:
-        verify.parse_device(text)
+        parse_device(text)
     assert caught.value.exit_code == EXIT_USAGE
 
 
 def test_default_device_prefers_npu_then_cuda_then_cpu(monkeypatch):
     for npu, cuda, expected in ((True, True, "npu:0"), (False, True, "cuda:0"), (False, False, "cpu")):
-        monkeypatch.setattr(verify, "npu_available", lambda value=npu: value)
-        monkeypatch.setattr(verify, "cuda_available", lambda value=cuda: value)
-        assert verify.resolve_device(None).name == expected
+        monkeypatch.setattr(device, "npu_available", lambda value=npu: value)
+        monkeypatch.setattr(device, "cuda_available", lambda value=cuda: value)
+        assert resolve_device(None).name == expected
 
 
 def test_npu_requested_without_torch_npu_is_an_error(monkeypatch):
-    monkeypatch.setattr(verify, "npu_available", lambda: False)
+    monkeypatch.setattr(device, "npu_available", lambda: False)
     with pytest.raises(PtoPatchError, match="torch_npu"):
-        verify.resolve_device("0")
+        resolve_device("0")
 
 
 def test_dtype_names_and_tolerances():
-    assert verify.resolve_dtype("bf16") is torch.bfloat16
-    assert verify.resolve_dtype("float16") is torch.float16
-    assert verify.resolve_dtype("fp32") is torch.float32
+    assert resolve_dtype("bf16") is torch.bfloat16
+    assert resolve_dtype("float16") is torch.float16
+    assert resolve_dtype("fp32") is torch.float32
     with pytest.raises(PtoPatchError):
-        verify.resolve_dtype("int8")
-    assert verify.tolerances("fp32", None, None)[0] < verify.tolerances("bf16", None, None)[0]
-    assert verify.tolerances("bf16", 0.5, None) == (0.5, verify.DEFAULT_TOLERANCES["bfloat16"][1])
+        resolve_dtype("int8")
+    assert tolerances("fp32", None, None)[0] < tolerances("bf16", None, None)[0]
+    assert tolerances("bf16", 0.5, None) == (0.5, DEFAULT_TOLERANCES["bfloat16"][1])
 
 
 def test_an_unknown_dtype_is_a_usage_error_not_a_crash(patched_tiny: Path, capsys):
     with pytest.raises(PtoPatchError) as caught:
-        verify.tolerances("int8", None, None)
+        tolerances("int8", None, None)
     assert caught.value.exit_code == EXIT_USAGE
     with pytest.raises(SystemExit) as stopped:
         cli.main(["verify", "--model-path", str(patched_tiny), "--dtype", "int8", "--json"])
@@ -228,7 +240,7 @@ def _interrupt(folder: Path) -> None:
 def test_an_interrupted_apply_is_refused(patched_copy: Path, use_pto: bool):
     _interrupt(patched_copy)
     with pytest.raises(ModelFolderError, match="interrupted apply") as caught:
-        verify.check_folder(patched_copy, use_pto=use_pto, allow_modified=True)
+        check_folder(patched_copy, use_pto=use_pto, allow_modified=True)
     assert "pto-patch restore" in caught.value.hint
 
 
@@ -236,7 +248,7 @@ def test_a_patch_folder_without_a_manifest_is_an_interrupted_apply(patched_copy:
     Manifest.path_in(patched_copy).unlink()  # apply stopped after the backups, before the manifest
     assert (patched_copy / MANIFEST_DIR).is_dir()
     with pytest.raises(ModelFolderError, match="interrupted apply"):
-        verify.check_folder(patched_copy, use_pto=False, allow_modified=False)
+        check_folder(patched_copy, use_pto=False, allow_modified=False)
 
 
 def test_verify_refuses_an_interrupted_apply(patched_copy: Path, capsys):
@@ -250,10 +262,10 @@ def test_verify_refuses_an_interrupted_apply(patched_copy: Path, capsys):
 
 def test_the_cli_parameters_are_the_options_fields():
     """verify and bench hand their parameters to the options dataclasses by name; the shared ones
-    are declared once, in verify.RunOptions."""
-    shared = {field.name for field in dataclasses.fields(verify.RunOptions)}
-    for command, options_class in ((cli.verify, verify.VerifyOptions), (cli.bench, bench.BenchOptions)):
-        assert issubclass(options_class, verify.RunOptions)
+    are declared once, in RunOptions."""
+    shared = {field.name for field in dataclasses.fields(RunOptions)}
+    for command, options_class in ((cli.verify, VerifyOptions), (cli.bench, bench.BenchOptions)):
+        assert issubclass(options_class, RunOptions)
         fields = {field.name for field in dataclasses.fields(options_class)}
         assert set(inspect.signature(command).parameters) - {"as_json"} == fields
         assert shared <= fields
@@ -263,8 +275,8 @@ def _schema_section(title: str) -> str:
     return SCHEMAS.read_text(encoding="utf-8").split(f"\n## {title}\n")[1].split("\n## ")[0]
 
 
-def _sample_metrics() -> verify.ModeMetrics:
-    return verify.ModeMetrics(
+def _sample_metrics() -> ModeMetrics:
+    return ModeMetrics(
         load_s=1.0,
         latency_s=0.5,
         tokens=8,
@@ -286,14 +298,14 @@ def test_every_per_mode_key_is_documented():
 def test_every_key_of_the_bench_files_is_documented():
     """bench_baseline.json / bench_pypto.json: the header and each run's keys beyond verify's per-mode ones."""
     metrics = _sample_metrics()
-    runs = [bench.BatchRun(1, bench.ModeRun(metrics), bench.ModeRun(metrics, {}), ("mrope",), None)]
-    result = bench.BenchResult(
+    runs = [BatchRun(1, ModeRun(metrics), ModeRun(metrics, {}), ("mrope",), None)]
+    result = BenchResult(
         model_path="m",
         device="cpu",
         dtype="float32",
         versions={},
         input={"kind": "text"},
-        load_info=verify.LoadInfo([], [], [], None),
+        load_info=LoadInfo([], [], [], None),
         weight_bytes_per_token=1000,
         copy_bandwidth_bytes_s=1e9,
         peak_memory_source="rss",
@@ -310,17 +322,17 @@ def test_dynamic_config_follows_the_reference_table():
     every = ("rms_norm", "mrope", "swiglu_mlp")
 
     def on(batch, available=every):
-        return [row["op"] for row in verify.dynamic_choice(batch, available) if row["enabled"]]
+        return [row["op"] for row in dynamic_choice(batch, available) if row["enabled"]]
 
     assert on(1) == ["swiglu_mlp", "mrope"]
     assert on(4) == ["swiglu_mlp", "mrope"]
     assert on(8) == ["swiglu_mlp"]
     assert on(1, ("rms_norm", "mrope")) == ["mrope"]  # never an op the folder lacks
-    assert all(row["reason"] for row in verify.dynamic_choice(8, every))
+    assert all(row["reason"] for row in dynamic_choice(8, every))
 
 
 def _generation(tokens, logits):
-    return verify.Generation(new_tokens=torch.tensor(tokens), first_logits=torch.tensor(logits), seconds=0.0)
+    return Generation(new_tokens=torch.tensor(tokens), first_logits=torch.tensor(logits), seconds=0.0)
 
 
 class _Decoder:
@@ -330,37 +342,35 @@ class _Decoder:
 
 def test_compare_logits_tolerance_nan_and_token_match():
     base = _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.5]])
-    same = verify.compare(base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.5]]), _Decoder(), 0.1, 0.0)
+    same = compare(base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.5]]), _Decoder(), 0.1, 0.0)
     assert same.passed and same.text_equal and same.token_match_rate == 1.0
     assert same.max_abs_logit_diff == 0.0
 
-    off = verify.compare(base, _generation([[1, 2, 9]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.1, 0.0)
+    off = compare(base, _generation([[1, 2, 9]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.1, 0.0)
     assert not off.passed
     assert off.max_abs_logit_diff == pytest.approx(0.3)
     assert off.max_rel_logit_diff == pytest.approx(0.03)
     assert off.token_match_rate == 0.5  # 2 of 4 positions, the missing one counts as a mismatch
     assert not off.text_equal
-    assert verify.compare(
-        base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.0, 0.05
-    ).passed
+    assert compare(base, _generation([[1, 2, 3, 4]], [[10.0, -2.0, 0.8]]), _Decoder(), 0.0, 0.05).passed
 
-    nan = verify.compare(base, _generation([[1, 2, 3, 4]], [[10.0, float("nan"), 0.5]]), _Decoder(), 1e9, 1e9)
+    nan = compare(base, _generation([[1, 2, 3, 4]], [[10.0, float("nan"), 0.5]]), _Decoder(), 1e9, 1e9)
     assert not nan.passed
 
 
 def test_op_checks():
     def report(on, calls, fallbacks=0):
-        return verify.OpReport(switched_on=on, backend="fused", calls=calls, fallbacks=fallbacks)
+        return OpReport(switched_on=on, backend="fused", calls=calls, fallbacks=fallbacks)
 
-    failures, warnings = verify.op_failures({"rms_norm": report(True, 0)}, strict=False)
+    failures, warnings = op_failures({"rms_norm": report(True, 0)}, strict=False)
     assert failures and "never ran" in failures[0]
-    failures, warnings = verify.op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=False)
+    failures, warnings = op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=False)
     assert not failures and warnings
-    failures, warnings = verify.op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=True)
+    failures, warnings = op_failures({"mrope": report(True, 5, fallbacks=2)}, strict=True)
     assert failures and not warnings
-    failures, _ = verify.op_failures({"swiglu_mlp": report(False, 3)}, strict=False)
+    failures, _ = op_failures({"swiglu_mlp": report(False, 3)}, strict=False)
     assert failures
-    assert verify.op_failures({"swiglu_mlp": report(True, 3)}, strict=True) == ([], [])
+    assert op_failures({"swiglu_mlp": report(True, 3)}, strict=True) == ([], [])
 
 
 def test_rope_fix_fills_a_missing_mrope_section():
@@ -374,11 +384,11 @@ def test_rope_fix_fills_a_missing_mrope_section():
             rope = getattr(scope, key, None)
             if isinstance(rope, dict):
                 rope.pop("mrope_section", None)
-    fixes = verify.fix_rope_config(config, load_spec("gutenocr_3b"))
+    fixes = fix_rope_config(config, load_spec("gutenocr_3b"))
     assert fixes
     rope = config.text_config.rope_parameters
     assert rope["mrope_section"] == [16, 24, 24]
-    assert verify.fix_rope_config(config, load_spec("gutenocr_3b")) == []  # already right: no change
+    assert fix_rope_config(config, load_spec("gutenocr_3b")) == []  # already right: no change
 
 
 def test_rope_fix_refuses_a_section_that_cannot_fit():
@@ -387,7 +397,7 @@ def test_rope_fix_refuses_a_section_that_cannot_fit():
     config = Qwen2_5_VLConfig(text_config={"hidden_size": 64, "num_attention_heads": 4})
     config.text_config.rope_parameters["mrope_section"] = [4, 4, 4]  # sums to 12, head_dim/2 is 8
     with pytest.raises(PtoPatchError, match="mrope_section"):
-        verify.fix_rope_config(config, load_spec("gutenocr_3b"))
+        fix_rope_config(config, load_spec("gutenocr_3b"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchair") is not None, reason="torchair is installed here")
@@ -395,12 +405,12 @@ def test_acl_graph_without_torchair_falls_back_to_torch_compile_with_a_warning()
     model = torch.nn.Linear(2, 2)
     plain_forward = model.forward
     warnings: list[str] = []
-    options = verify.VerifyOptions(use_acl_graph=True, compile_backend="eager")
-    note = verify.apply_compile(model, options, warnings)
+    options = VerifyOptions(use_acl_graph=True, compile_backend="eager")
+    note = apply_compile(model, options, warnings)
     assert note.startswith("torch.compile") and "'eager'" in note
     assert len(warnings) == 1 and "torchair" in warnings[0]
     assert model.forward is not plain_forward
-    assert verify.apply_compile(torch.nn.Linear(2, 2), verify.VerifyOptions(), warnings) is None
+    assert apply_compile(torch.nn.Linear(2, 2), VerifyOptions(), warnings) is None
 
 
 def test_the_folder_copy_of_pto_kernels_is_imported(patched_tiny: Path, monkeypatch):
@@ -414,7 +424,7 @@ def test_the_folder_copy_of_pto_kernels_is_imported(patched_tiny: Path, monkeypa
         import pto_kernels as other
 
         assert Path(other.__file__).parent == kernels_dir() / "pto_kernels"
-        module = verify.import_folder_kernels(patched_tiny)
+        module = import_folder_kernels(patched_tiny)
         assert Path(module.__file__).resolve().parent == (patched_tiny / "pto_kernels").resolve()
         assert sys.modules["pto_kernels"] is module
         assert not (patched_tiny / "pto_kernels" / "__pycache__").exists()
@@ -528,7 +538,7 @@ def test_apply_then_verify_passes_with_an_image(patched_tiny: Path, tmp_path: Pa
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json_out(done)
     assert doc["passed"] and doc["input"]["kind"] == "image" and doc["input"]["image_tokens"] == 12
-    assert doc["input"]["prompt"] == verify.OCR_PROMPT
+    assert doc["input"]["prompt"] == OCR_PROMPT
     assert all(entry["calls"] > 0 for entry in doc["pto"]["ops"].values())
     assert doc["accuracy"]["text_equal"] is True and doc["accuracy"]["token_match_rate"] == 1.0
 
@@ -620,12 +630,12 @@ def _change_checkpoint(folder: Path, change) -> None:
 
 
 def test_load_failures_name_every_kind_of_bad_load():
-    assert verify.load_failures(verify.LoadInfo([], [], [], None)) == []
-    assert verify.load_failures(verify.LoadInfo([], [], [], True)) == []
-    untied = verify.load_failures(verify.LoadInfo([], [], [], lm_head_tied=False))
+    assert load_failures(LoadInfo([], [], [], None)) == []
+    assert load_failures(LoadInfo([], [], [], True)) == []
+    untied = load_failures(LoadInfo([], [], [], lm_head_tied=False))
     assert untied == ["config ties lm_head to the embeddings, but the loaded lm_head is a separate tensor"]
-    assert not verify.LoadInfo([], [], [], lm_head_tied=False).ok
-    mismatched = verify.load_failures(verify.LoadInfo([], [], ["a.weight", "b.weight"], None))
+    assert not LoadInfo([], [], [], lm_head_tied=False).ok
+    mismatched = load_failures(LoadInfo([], [], ["a.weight", "b.weight"], None))
     assert len(mismatched) == 1 and mismatched[0].startswith("2 checkpoint key(s) with mismatched shapes")
     assert "a.weight" in mismatched[0]
 
@@ -698,7 +708,7 @@ def test_a_bad_image_is_refused_before_the_model_loads(
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded before the image was checked")
 
-    monkeypatch.setattr(verify, "load_model", no_load)
+    monkeypatch.setattr(loading, "load_model", no_load)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["verify", "--model-path", str(patched_tiny), "--image", str(image), "--json"])
     error = json.loads(capsys.readouterr().out)
@@ -742,17 +752,15 @@ def test_baseline_only_on_an_unpatched_folder(tmp_path: Path):
 
 
 def test_other_patcher_checks_fail_only_switched_on_ops():
-    bypass = verify.OtherPatcher("swiglu_mlp", "model.layers.0.mlp", "forward set on the instance: x.f", True)
-    through = verify.OtherPatcher(
-        "rms_norm", "model.norm", "forward set on the instance, still guarded", False
-    )
-    failures, warnings = verify.other_patcher_checks([bypass, bypass, through], ("swiglu_mlp",))
+    bypass = OtherPatcher("swiglu_mlp", "model.layers.0.mlp", "forward set on the instance: x.f", True)
+    through = OtherPatcher("rms_norm", "model.norm", "forward set on the instance, still guarded", False)
+    failures, warnings = other_patcher_checks([bypass, bypass, through], ("swiglu_mlp",))
     assert len(failures) == 1 and failures[0].startswith("swiglu_mlp: 2 module(s) bypass")
-    assert "model.layers.0.mlp" in failures[0] and verify.OTHER_PATCHER_HINT in failures[0]
+    assert "model.layers.0.mlp" in failures[0] and OTHER_PATCHER_HINT in failures[0]
     assert len(warnings) == 1 and "model.norm" in warnings[0]
-    failures, warnings = verify.other_patcher_checks([bypass], ("rms_norm",))
+    failures, warnings = other_patcher_checks([bypass], ("rms_norm",))
     assert failures == [] and "swiglu_mlp" in warnings[0]
-    assert verify.other_patcher_checks([], ("swiglu_mlp",)) == ([], [])
+    assert other_patcher_checks([], ("swiglu_mlp",)) == ([], [])
 
 
 def test_an_instance_forward_replaced_after_loading_fails_verify(patched_tiny: Path, tmp_path: Path):
@@ -774,7 +782,7 @@ def test_an_instance_forward_replaced_after_loading_fails_verify(patched_tiny: P
     assert doc["other_patchers"][0]["how"].startswith("forward set on the instance")
     failure = next(f for f in doc["failures"] if f.startswith("swiglu_mlp:"))
     assert "1 module(s)" in failure and "model.language_model.layers.0.mlp" in failure
-    assert verify.OTHER_PATCHER_HINT in failure
+    assert OTHER_PATCHER_HINT in failure
 
 
 def test_a_class_forward_replaced_after_import_fails_verify(patched_tiny: Path, tmp_path: Path):

@@ -1,8 +1,11 @@
 """pto_kernels: fused RMSNorm, MRoPE and SwiGLU MLP for Qwen2.5-VL (GutenOCR-3B) with per-call dispatch.
 
 The patched modeling code reads the switches below at every call and, when one is on, calls the matching
-wrapper. Each wrapper picks a backend for the tensor's device (see `enable`), records what ran in
+wrapper. Each wrapper runs the backend bound at `enable` time (under "auto", per device type), records what ran in
 `stats()`, and falls back to the eager torch path if a kernel fails (PTO_KERNELS_STRICT=1 raises instead).
+
+A tuning written by `pto-patch tune` (`.pto_patch/tuning.json`) switches on what measured faster for a
+batch size: `apply_tuning(path, batch_size, device)`; one made on another device or release is refused.
 
 Importing this package needs torch only; pypto and torch_npu are imported on first use.
 """
@@ -10,10 +13,11 @@ Importing this package needs torch only; pypto and torch_npu are imported on fir
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from . import _dispatch
 from ._dispatch import BACKENDS, OPS, KernelFailedError, reset_stats, stats
+from .tuning import TuningError, TuningMismatchError, apply_tuning
 
 __all__ = [
     "BACKENDS",
@@ -22,7 +26,11 @@ __all__ = [
     "USE_PTO_RMS_NORM",
     "USE_PTO_SWIGLU_MLP",
     "KernelFailedError",
+    "TuningError",
+    "TuningMismatchError",
+    "apply_tuning",
     "backend",
+    "backends",
     "disable",
     "enable",
     "enabled",
@@ -32,6 +40,7 @@ __all__ = [
     "rms_norm_wrapper",
     "stats",
     "swiglu_mlp_wrapper",
+    "switched_on",
 ]
 
 USE_PTO_RMS_NORM = False
@@ -40,13 +49,32 @@ USE_PTO_SWIGLU_MLP = False
 
 SWITCHES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_mlp": "USE_PTO_SWIGLU_MLP"}
 
-# "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
-_backend = _dispatch.backend_from_env()
+# Per op: "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
+_backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
+
+
+def _bind() -> None:
+    """Route each entry for its op's backend now (every time a backend changes), never per call."""
+    global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp
+    _rms_norm = _dispatch.bind("rms_norm", _backends["rms_norm"])
+    _mrope = _dispatch.bind("mrope", _backends["mrope"])
+    _mrope_mixed = _dispatch.bind("mrope_mixed", _backends["mrope"])
+    _swiglu_mlp = _dispatch.bind("swiglu_mlp", _backends["swiglu_mlp"])
+
+
+_bind()
 
 
 def backend() -> str:
-    """The backend requested for every op ("auto" resolves per call by the tensor's device)."""
-    return _backend
+    """The backend requested for every op ("auto" resolves by the tensor's device), or "per-op" when
+    enable() was given one backend per op (see `backends()`)."""
+    chosen = set(_backends.values())
+    return chosen.pop() if len(chosen) == 1 else "per-op"
+
+
+def backends() -> dict[str, str]:
+    """The backend requested for each op."""
+    return dict(_backends)
 
 
 def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
@@ -59,15 +87,27 @@ def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
     return ops
 
 
-def enable(ops: Iterable[str] | str = OPS, backend: str | None = None) -> None:
+def _requested_backends(backend: str | Mapping[str, str] | None) -> dict[str, str]:
+    default = _dispatch.backend_from_env()
+    if backend is None:
+        return dict.fromkeys(OPS, default)
+    if isinstance(backend, str):
+        return dict.fromkeys(OPS, _dispatch.check_backend(backend))
+    _check_ops(tuple(backend))
+    return {op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS}
+
+
+def enable(ops: Iterable[str] | str = OPS, backend: str | Mapping[str, str] | None = None) -> None:
     """Switch exactly `ops` on (the others off) and choose the backend.
 
     backend: "auto" (npu tensors -> pypto if it imports, else npu; every other device -> fused),
-    "pypto", "npu", "fused" or "torch". None means $PTO_KERNELS_BACKEND, else "auto".
+    "pypto", "npu", "fused" or "torch"; or a mapping op -> backend (ops it leaves out get the default).
+    None means $PTO_KERNELS_BACKEND, else "auto".
     """
-    global _backend
+    global _backends
     chosen = _check_ops(ops)
-    _backend = _dispatch.backend_from_env() if backend is None else _dispatch.check_backend(backend)
+    _backends = _requested_backends(backend)
+    _bind()
     for op, switch in SWITCHES.items():
         globals()[switch] = op in chosen
 
@@ -78,34 +118,40 @@ def disable() -> None:
         globals()[switch] = False
 
 
+def switched_on() -> tuple[str, ...]:
+    """The ops whose switch is on, in OPS order."""
+    return tuple(op for op in OPS if globals()[SWITCHES[op]])
+
+
 @contextlib.contextmanager
-def enabled(ops: Iterable[str] | str = OPS, backend: str | None = None) -> Iterator[None]:
+def enabled(ops: Iterable[str] | str = OPS, backend: str | Mapping[str, str] | None = None) -> Iterator[None]:
     """enable(ops, backend) for the duration of a with-block, then restore the previous state."""
-    global _backend
-    saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backend)
+    global _backends
+    saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backends)
     enable(ops, backend)
     try:
         yield
     finally:
         globals().update(saved[0])
-        _backend = saved[1]
+        _backends = saved[1]
+        _bind()
 
 
 def rms_norm_wrapper(hidden_states, weight, eps: float = 1e-6):
     """RMSNorm over the last dim: weight * (x / sqrt(mean(x^2) + eps)), computed as transformers does."""
-    return _dispatch.run("rms_norm", _backend, hidden_states.device.type, (hidden_states, weight, eps))
+    return _rms_norm(hidden_states, weight, eps)
 
 
 def mrope_pto_correct(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
     """apply_multimodal_rotary_pos_emb (transformers <= 5.16): cos/sin are [3, b, s, d], unmixed."""
-    return _dispatch.run("mrope", _backend, q.device.type, (q, k, cos, sin, mrope_section, unsqueeze_dim))
+    return _mrope(q, k, cos, sin, mrope_section, unsqueeze_dim)
 
 
 def mrope_mixed_wrapper(q, k, cos, sin, unsqueeze_dim: int = 1):
     """apply_rotary_pos_emb (transformers 5.20+): cos/sin arrive section-mixed as [b, s, d]."""
-    return _dispatch.run("mrope_mixed", _backend, q.device.type, (q, k, cos, sin, unsqueeze_dim))
+    return _mrope_mixed(q, k, cos, sin, unsqueeze_dim)
 
 
 def swiglu_mlp_wrapper(mlp_module, hidden_states):
     """down_proj(act_fn(gate_proj(x)) * up_proj(x)) for a module with gate/up/down nn.Linear."""
-    return _dispatch.run("swiglu_mlp", _backend, hidden_states.device.type, (mlp_module, hidden_states))
+    return _swiglu_mlp(mlp_module, hidden_states)

@@ -252,3 +252,53 @@ def test_fused_mrope_runs_under_inference_mode(monkeypatch):
     expected, _ = reference.mrope(q, k, cos, sin, [2, 3, 3])
     assert torch.allclose(q_embed, expected, atol=1e-6)
     assert pto_kernels.stats()["mrope"]["backends"] == {"fused": 1}
+
+
+# --- routes bound at enable() ---------------------------------------------------------------------------
+
+
+def test_route_is_bound_at_enable_not_per_call(monkeypatch):
+    x, w = torch.randn(2, 8), torch.ones(8)
+    pto_kernels.enable("rms_norm", backend="fused")
+    monkeypatch.setattr(_dispatch, "resolve", lambda requested, device_type: pytest.fail("routed per call"))
+    for _ in range(3):
+        pto_kernels.rms_norm_wrapper(x, w)
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 3}
+    pto_kernels.reset_stats()  # in place: the bound route keeps counting into the same stats
+    pto_kernels.rms_norm_wrapper(x, w)
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 1}
+    monkeypatch.undo()
+    pto_kernels.enable("rms_norm", backend="torch")  # a new backend is a new route
+    pto_kernels.rms_norm_wrapper(x, w)
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 1, "torch": 1}
+    assert pto_kernels.stats()["rms_norm"]["backend"] == "torch"
+
+
+def test_auto_routes_other_devices_once_per_device_type(monkeypatch):
+    resolved = []
+
+    def resolve(requested, device_type):
+        resolved.append(device_type)
+        return "torch" if device_type == "meta" else "fused"
+
+    monkeypatch.setattr(_dispatch, "resolve", resolve)
+    pto_kernels.enable("rms_norm", backend="auto")
+    w = torch.ones(8)
+    for _ in range(3):
+        pto_kernels.rms_norm_wrapper(torch.randn(2, 8), w)
+        pto_kernels.rms_norm_wrapper(torch.empty(2, 8, device="meta"), w.to("meta"))
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 3, "torch": 3}
+    assert resolved.count("meta") == 1
+    pto_kernels.disable()
+    pto_kernels.enable("rms_norm", backend="auto")  # rebinding forgets the device types seen
+    pto_kernels.rms_norm_wrapper(torch.empty(2, 8, device="meta"), w.to("meta"))
+    assert resolved.count("meta") == 2
+
+
+def test_enabled_block_restores_the_bound_backend():
+    x, w = torch.randn(2, 8), torch.ones(8)
+    pto_kernels.enable("rms_norm", backend="torch")
+    with pto_kernels.enabled("rms_norm", backend="fused"):
+        pto_kernels.rms_norm_wrapper(x, w)
+    pto_kernels.rms_norm_wrapper(x, w)
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 1, "torch": 1}

@@ -1,0 +1,417 @@
+"""Every result type of the proving commands and its JSON, with the one schema version.
+
+verify, bench and demo return these; the renderer prints them as text or as exactly one JSON
+document. Nothing here imports torch: a report is data.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+
+SCHEMA_VERSION = 1
+DEMO_TIMING_NOTE = (
+    "the tiny model's timing is indicative only and says nothing about GutenOCR-3B's speed; "
+    "for that, run `pto-patch bench` on a `pto-patch make-tiny --full-width` model or the real one"
+)
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return _jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def document(command: str, result: Any, **extra: Any) -> dict[str, Any]:
+    """A versioned JSON document for one command's result (a dataclass or a dict)."""
+    return {"schema_version": SCHEMA_VERSION, "command": command, **_jsonable(result), **extra}
+
+
+def write_report(document: dict[str, Any], path: Path) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n"
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise PtoPatchError(
+            f"cannot write the report {path}: {exc.strerror}", "pick a writable path for --report-file"
+        ) from exc
+
+
+def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None where either is missing or the denominator is 0."""
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+# --- the parts ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModeMetrics:
+    """One mode's timing over the timed runs (after warm-up)."""
+
+    load_s: float
+    latency_s: float
+    tokens: int  # new tokens per timed run, all sequences of the batch together
+    tokens_per_s: float
+    peak_memory_mb: float
+    batch: int
+    new_tokens_per_sequence: int
+    latencies_s: list[float] = field(default_factory=list)
+    prefill_s: float | None = None  # prompt in, first new token out
+    decode_step_s: float | None = None  # each further token
+
+    @property
+    def latency_median_s(self) -> float:
+        return statistics.median(self.latencies_s) if self.latencies_s else self.latency_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prefill_s": None if self.prefill_s is None else round(self.prefill_s, 5),
+            "decode_step_ms": None if self.decode_step_s is None else round(self.decode_step_s * 1000, 4),
+            "load_s": round(self.load_s, 4),
+            "latency_s": round(self.latency_s, 5),
+            "tokens": self.tokens,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "peak_memory_mb": round(self.peak_memory_mb, 1),
+            "batch": self.batch,
+            "new_tokens_per_sequence": self.new_tokens_per_sequence,
+            "latencies_s": [round(x, 5) for x in self.latencies_s],
+            "latency_median_s": round(self.latency_median_s, 5),
+            "tokens_per_s_median": round(self.tokens / self.latency_median_s, 3)
+            if self.latency_median_s
+            else 0.0,
+        }
+
+
+@dataclass
+class OpReport:
+    switched_on: bool
+    backend: str | None
+    calls: int
+    fallbacks: int
+    backends: dict[str, int] = field(default_factory=dict)
+    first_fallback_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OtherPatcher:
+    """Something besides the injected guard that decides what runs for an op: one module instance
+    whose forward was swapped, a swapped module-level function, or a note (`op` None)."""
+
+    op: str | None
+    module: str  # the module's path in the model, or `<remote module>.<function>`; "" for the model
+    how: str
+    bypasses: bool  # the guard is not reached there, so the PTO kernel never runs there
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Accuracy:
+    max_abs_logit_diff: float
+    max_rel_logit_diff: float  # max |pto - base| over max |base|
+    token_match_rate: float
+    text_equal: bool
+    passed: bool
+    atol: float
+    rtol: float
+    logits_within_tolerance: bool
+    baseline_text: str
+    pto_text: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("max_abs_logit_diff", "max_rel_logit_diff", "token_match_rate"):
+            value = data[key]
+            data[key] = value if value != value else round(value, 8)  # keep NaN visible
+        return data
+
+
+@dataclass
+class LoadInfo:
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    mismatched_keys: list[str]
+    lm_head_tied: bool | None  # None when the config does not tie it
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.missing_keys
+            and not self.unexpected_keys
+            and not self.mismatched_keys
+            and (self.lm_head_tied is not False)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Verdict:
+    """A report passes when it lists no `failures`; its exit code follows (verify's and bench's)."""
+
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
+
+
+# --- verify ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyReport(Verdict):
+    model_path: str
+    device: str
+    device_reason: str
+    dtype: str
+    versions: dict[str, str]
+    input: dict[str, Any]
+    load_info: LoadInfo
+    baseline: ModeMetrics
+    pto: ModeMetrics | None = None
+    ops: dict[str, OpReport] = field(default_factory=dict)
+    accuracy: Accuracy | None = None
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    patched_ops: list[str] = field(default_factory=list)
+    switched_on: list[str] = field(default_factory=list)
+    kernel_backend: str | None = None
+    dynamic_config: list[dict[str, Any]] | None = None
+    pto_kernels_path: str | None = None
+    modified_files: list[str] = field(default_factory=list)
+    allow_modified: bool = False
+    rope_fixes: list[str] = field(default_factory=list)
+    compile: str | None = None
+    peak_memory_source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    report_file: str | None = None
+    other_patchers: list[OtherPatcher] = field(default_factory=list)
+
+    def ratios(self) -> dict[str, float | None]:
+        if self.pto is None:
+            return {}
+        return {
+            "latency_s": ratio_of(self.pto.latency_s, self.baseline.latency_s),
+            "tokens_per_s": ratio_of(self.pto.tokens_per_s, self.baseline.tokens_per_s),
+            "peak_memory_mb": ratio_of(self.pto.peak_memory_mb, self.baseline.peak_memory_mb),
+            "load_s": ratio_of(self.pto.load_s, self.baseline.load_s),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        pto = None
+        if self.pto is not None:
+            pto = self.pto.to_json()
+            pto["ops"] = {op: report.to_json() for op, report in self.ops.items()}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "command": "verify",
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "warnings": list(self.warnings),
+            "model_path": self.model_path,
+            "device": self.device,
+            "device_reason": self.device_reason,
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "input": dict(self.input),
+            "load_info": self.load_info.to_json(),
+            "baseline": self.baseline.to_json(),
+            "pto": pto,
+            "ratios": {key: (None if v is None else round(v, 4)) for key, v in self.ratios().items()},
+            "accuracy": None if self.accuracy is None else self.accuracy.to_json(),
+            "patched_ops": list(self.patched_ops),
+            "switched_on": list(self.switched_on),
+            "kernel_backend": self.kernel_backend,
+            "dynamic_config": self.dynamic_config,
+            "pto_kernels_path": self.pto_kernels_path,
+            "allow_modified": self.allow_modified,
+            "modified_files": list(self.modified_files),
+            "rope_fixes": list(self.rope_fixes),
+            "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
+            "compile": self.compile,
+            "peak_memory_source": self.peak_memory_source,
+            "load_note": "the model is loaded once; both modes share that load time",
+            "options": dict(self.options),
+            "report_file": self.report_file,
+        }
+
+
+# --- bench ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModeRun:
+    metrics: ModeMetrics
+    ops: dict[str, OpReport] | None = None
+
+    def to_json(self, floor_s: float | None) -> dict[str, Any]:
+        data = self.metrics.to_json()
+        step = self.metrics.decode_step_s  # timed token by token inside the timed runs
+        data["bandwidth_fraction"] = round(floor_s / step, 6) if floor_s and step else None
+        if self.ops is not None:
+            data["ops"] = {op: report.to_json() for op, report in self.ops.items()}
+        return data
+
+
+@dataclass
+class BatchRun:
+    batch: int
+    baseline: ModeRun
+    pto: ModeRun
+    switched_on: tuple[str, ...]
+    dynamic_config: list[dict[str, Any]] | None
+
+
+@dataclass
+class BenchResult(Verdict):
+    model_path: str
+    device: str
+    dtype: str
+    versions: dict[str, str]
+    input: dict[str, Any]
+    load_info: LoadInfo
+    weight_bytes_per_token: int
+    copy_bandwidth_bytes_s: float
+    peak_memory_source: str
+    runs: list[BatchRun] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    kernel_backend: str = "auto"
+    options: dict[str, Any] = field(default_factory=dict)
+    other_patchers: list[OtherPatcher] = field(default_factory=list)
+
+    @property
+    def floor_s(self) -> float:
+        return self.weight_bytes_per_token / self.copy_bandwidth_bytes_s
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model_path": self.model_path,
+            "device": self.device,
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "input": dict(self.input),
+            "load_info": self.load_info.to_json(),
+            "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
+            "bandwidth": {
+                "weight_bytes_per_token": self.weight_bytes_per_token,
+                "copy_bandwidth_gb_s": round(self.copy_bandwidth_bytes_s / 1e9, 3),
+                "floor_ms": round(self.floor_s * 1000, 4),
+                "note": "floor = weight bytes one decode step reads / measured copy bandwidth (read + write)",
+            },
+            "peak_memory_source": self.peak_memory_source,
+        }
+
+    def mode_document(self, mode: str) -> dict[str, Any]:
+        """bench_baseline.json / bench_pypto.json: the verify report's per-mode keys, one entry per batch."""
+        runs = []
+        for run in self.runs:
+            entry = {"batch": run.batch}
+            entry.update((run.baseline if mode == "baseline" else run.pto).to_json(self.floor_s))
+            if mode != "baseline":
+                entry["switched_on"] = list(run.switched_on)
+            runs.append(entry)
+        doc = self._header()
+        doc.update(mode=mode, kernel_backend=None if mode == "baseline" else self.kernel_backend, runs=runs)
+        return doc
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"schema_version": SCHEMA_VERSION, "command": "bench", "passed": self.passed}
+        doc.update(self._header())
+        runs = []
+        for run in self.runs:
+            base, pto = run.baseline.to_json(self.floor_s), run.pto.to_json(self.floor_s)
+            diff = {}
+            for key in ("latency_s", "tokens_per_s", "peak_memory_mb", "decode_step_ms"):
+                if base.get(key) and pto.get(key) is not None:
+                    diff[key] = round((pto[key] - base[key]) / base[key] * 100, 2)
+            runs.append(
+                {
+                    "batch": run.batch,
+                    "baseline": base,
+                    "pto": pto,
+                    "pto_vs_baseline_pct": diff,
+                    "switched_on": list(run.switched_on),
+                    "dynamic_config": run.dynamic_config,
+                }
+            )
+        doc.update(
+            runs=runs,
+            failures=list(self.failures),
+            warnings=list(self.warnings),
+            files=list(self.files),
+            kernel_backend=self.kernel_backend,
+            options=dict(self.options),
+        )
+        return doc
+
+
+# --- demo -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoResult:
+    directory: str
+    kept: bool
+    seconds: float
+    steps: list[tuple[str, float]]
+    files_compared: int
+    hash_differences: list[str]
+    verify: VerifyReport | None = None
+    modules_cache: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def hashes_identical(self) -> bool:
+        return self.files_compared > 0 and not self.hash_differences
+
+    @property
+    def passed(self) -> bool:
+        return self.hashes_identical and self.verify is not None and self.verify.passed
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "command": "demo",
+            "passed": self.passed,
+            "directory": self.directory,
+            "kept": self.kept,
+            "seconds": round(self.seconds, 2),
+            "steps": [{"step": name, "seconds": round(seconds, 3)} for name, seconds in self.steps],
+            "hashes_identical": self.hashes_identical,
+            "files_compared": self.files_compared,
+            "hash_differences": list(self.hash_differences),
+            "verify": None if self.verify is None else self.verify.to_json(),
+            "modules_cache": self.modules_cache,
+            "notes": list(self.notes),
+            "timing_note": DEMO_TIMING_NOTE,
+        }

@@ -1,0 +1,241 @@
+"""Loading the patched folder once: remote code, eager attention, the rope fixes, and what loaded.
+
+A checkpoint key that is missing, unexpected or of the wrong shape, or a tied lm_head that loaded
+as its own tensor, is a failure: baseline and PTO runs of a random-weight model can agree.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pto_patch import __version__
+from pto_patch.errors import ModelFolderError
+from pto_patch.report import LoadInfo, OtherPatcher
+from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
+from pto_patch.run.folder import FolderState, check_folder, import_folder_kernels
+from pto_patch.spec import ModelSpec
+
+
+def _text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+def _head_dim(text_config) -> int:
+    head_dim = getattr(text_config, "head_dim", None)
+    return int(head_dim) if head_dim else int(text_config.hidden_size) // int(text_config.num_attention_heads)
+
+
+def fix_rope_config(config, spec: ModelSpec) -> list[str]:
+    """The reference's fix: make sure the rope dict the attention reads carries an mrope_section.
+
+    4.x reads `rope_scaling["mrope_section"]`, 5.x `rope_parameters["mrope_section"]` (5.20+ silently
+    defaults to [16, 24, 24], wrong for any other head size).
+    """
+    fixes = []
+    scopes = [config] + ([config.text_config] if getattr(config, "text_config", None) is not None else [])
+    head_dim = _head_dim(_text_config(config))
+    section = None
+    for scope in scopes:
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = getattr(scope, key, None)
+            if isinstance(rope, dict) and rope.get("mrope_section"):
+                section = [int(x) for x in rope["mrope_section"]]
+                break
+        if section:
+            break
+    if section is None or 2 * sum(section) != head_dim:
+        if 2 * sum(spec.mrope_section) != head_dim:
+            raise ModelFolderError(
+                f"config.json's mrope_section {section} does not fit head_dim {head_dim}",
+                "set rope_scaling.mrope_section in config.json to three numbers summing to head_dim / 2",
+            )
+        section = list(spec.mrope_section)
+    for scope in scopes:
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = getattr(scope, key, None)
+            if isinstance(rope, dict) and rope.get("mrope_section") != section:
+                rope["mrope_section"] = list(section)
+                fixes.append(f"config {type(scope).__name__}.{key}.mrope_section = {section}")
+    return fixes
+
+
+def fix_rope_layers(model, config) -> list[str]:
+    """Where a loaded layer keeps its own rope_scaling dict without mrope_section, give it one (4.x)."""
+    section = None
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = getattr(_text_config(config), key, None)
+        if isinstance(rope, dict) and rope.get("mrope_section"):
+            section = list(rope["mrope_section"])
+    if section is None:
+        return []
+    fixed = 0
+    for module in model.modules():
+        rope = getattr(module, "rope_scaling", None)
+        if isinstance(rope, dict) and "mrope_section" not in rope:
+            rope["mrope_section"] = list(section)
+            fixed += 1
+        elif rope is None and hasattr(module, "rope_scaling") and hasattr(module, "q_proj"):
+            module.rope_scaling = {"type": "mrope", "mrope_section": list(section)}
+            fixed += 1
+    return [f"{fixed} attention layer(s) given rope_scaling.mrope_section = {section}"] if fixed else []
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    folder: Path
+    device: DeviceChoice
+    dtype_name: str
+    model: Any
+    tokenizer: Any
+    load_s: float
+    load_info: LoadInfo
+    rope_fixes: list[str]
+    state: FolderState
+    kernels: Any = None  # the folder's pto_kernels module when --use_pto
+    other_patchers: list[OtherPatcher] = field(default_factory=list)
+
+
+def _keys(info: dict[str, Any], name: str) -> list[str]:
+    value = info.get(name) or []
+    return sorted(str(item if not isinstance(item, tuple) else item[0]) for item in value)
+
+
+def load_model(
+    spec: ModelSpec,
+    folder: Path,
+    device: DeviceChoice,
+    dtype_name: str,
+    *,
+    use_pto: bool,
+    allow_modified: bool,
+) -> LoadedModel:
+    """Check the folder, import its kernel package, and load the model once (remote code, eager attention)."""
+    state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
+    kernels = None
+    if use_pto:
+        kernels = import_folder_kernels(folder)
+        kernels.disable()
+        kernels.reset_stats()
+
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the rendered report is the output
+
+    torch_dtype = resolve_dtype(dtype_name)
+    started = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        rope_fixes = fix_rope_config(config, spec)
+        model, info = AutoModelForImageTextToText.from_pretrained(
+            folder,
+            config=config,
+            trust_remote_code=True,
+            attn_implementation="eager",
+            dtype=torch_dtype,
+            output_loading_info=True,
+            # A wrong-shaped tensor then shows in load_info (verify fails, exit 3) instead of raising.
+            ignore_mismatched_sizes=True,
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelFolderError(
+            f"transformers could not load {folder}: {first_line}",
+            "check the folder is complete (`pto-patch status`), or download it again",
+        ) from exc
+    rope_fixes += fix_rope_layers(model, config)
+    model.to(device.name)
+    model.eval()
+    synchronize(device)
+    load_s = time.perf_counter() - started
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tied = None
+    if getattr(_text_config(config), "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+        out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+        tied = out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight
+    load_info = LoadInfo(
+        missing_keys=_keys(info, "missing_keys"),
+        unexpected_keys=_keys(info, "unexpected_keys"),
+        mismatched_keys=_keys(info, "mismatched_keys"),
+        lm_head_tied=tied,
+    )
+    return LoadedModel(
+        spec=spec,
+        folder=folder,
+        device=device,
+        dtype_name=dtype_key(dtype_name),
+        model=model,
+        tokenizer=tokenizer,
+        load_s=load_s,
+        load_info=load_info,
+        rope_fixes=rope_fixes,
+        state=state,
+        kernels=kernels,
+    )
+
+
+def load_failures(load_info: LoadInfo) -> list[str]:
+    failures = []
+    if load_info.missing_keys:
+        failures.append(
+            f"{len(load_info.missing_keys)} checkpoint key(s) missing (random weights), e.g. "
+            f"{load_info.missing_keys[0]}"
+        )
+    if load_info.unexpected_keys:
+        failures.append(
+            f"{len(load_info.unexpected_keys)} unexpected checkpoint key(s) (not loaded), e.g. "
+            f"{load_info.unexpected_keys[0]}"
+        )
+    if load_info.mismatched_keys:
+        failures.append(
+            f"{len(load_info.mismatched_keys)} checkpoint key(s) with mismatched shapes (random weights), "
+            f"e.g. {load_info.mismatched_keys[0]}"
+        )
+    if load_info.lm_head_tied is False:
+        failures.append("config ties lm_head to the embeddings, but the loaded lm_head is a separate tensor")
+    return failures
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    found = {"pto_patch": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    for dist in ("pypto", "torch_npu"):  # read from metadata: importing torch_npu can break torch
+        try:
+            found[dist] = importlib.metadata.version(dist.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    found["python"] = ".".join(str(x) for x in sys.version_info[:3])
+    return found
+
+
+def apply_compile(model, options, warnings: list[str]) -> str | None:
+    """Wrap model.forward: torchair's ACL graph where asked and present, else torch.compile."""
+    if not (options.use_compile or options.use_acl_graph):
+        return None
+    import torch
+
+    if options.use_acl_graph:
+        try:
+            import torchair
+
+            config = torchair.CompilerConfig()
+            config.mode = "reduce-overhead"
+            backend = torchair.get_npu_backend(compiler_config=config)
+        except Exception as exc:  # torchair missing, or present without torch_npu / CANN
+            warnings.append(
+                f"--use_acl_graph: torchair is not usable here ({type(exc).__name__}); "
+                f"using torch.compile(backend={options.compile_backend!r}) instead"
+            )
+        else:
+            model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
+            return "torchair npu backend, reduce-overhead (ACL graph)"
+    model.forward = torch.compile(model.forward, backend=options.compile_backend, mode=options.compile_mode)
+    return f"torch.compile(backend={options.compile_backend!r}, mode={options.compile_mode!r})"

@@ -1,0 +1,103 @@
+"""Which kernel ops a run switches on, on which backend, and whether they ran as asked.
+
+The kernel package keeps its own copies of these names (it is copied into model folders and
+imports nothing of pto-patch); a test checks that both agree with the spec's.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pto_patch.report import OpReport
+from pto_patch.run.folder import FolderState
+from pto_patch.spec import OPS, ModelSpec, parse_ops
+
+KERNEL_BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
+
+# The reference system's per-batch recommendation (`--use_dynamic_config`), as data:
+# (op, predicate on the batch size, reason).
+DYNAMIC_CONFIG_TABLE = (
+    (
+        "swiglu_mlp",
+        lambda batch: True,
+        "SwiGLU MLP gained at every batch size measured (+7.8/13.7/15.7/3.1 % at batch 1/4/8/16)",
+    ),
+    (
+        "mrope",
+        lambda batch: batch <= 4,
+        "MRoPE pays off only at batch 4 or less",
+    ),
+    (
+        "rms_norm",
+        lambda batch: False,
+        "RMSNorm was slower end to end (with MRoPE: 11.1 -> 8.6 tok/s at batch 1)",
+    ),
+)
+
+
+def kernel_backend_name(requested: str | None) -> str:
+    """The backend the kernels are asked for: --kernel-backend, else $PTO_KERNELS_BACKEND, else auto."""
+    return requested or os.environ.get("PTO_KERNELS_BACKEND") or "auto"
+
+
+def dynamic_choice(batch: int, available: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The reference's per-batch recommendation, restricted to the ops the folder was patched for."""
+    rows = []
+    for op, wanted, reason in DYNAMIC_CONFIG_TABLE:
+        enabled = bool(wanted(batch)) and op in available
+        why = reason if op in available else f"{reason}; not patched into this folder"
+        rows.append({"op": op, "enabled": enabled, "reason": f"batch {batch}: {why}"})
+    return rows
+
+
+def choose_ops(
+    options_ops: str | None, spec: ModelSpec, state: FolderState, batch: int, use_dynamic_config: bool
+) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
+    """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch."""
+    if options_ops is not None:
+        ops = parse_ops(options_ops, spec)
+    else:
+        ops = state.patched_ops or parse_ops(None, spec)
+    if not use_dynamic_config:
+        return ops, None
+    table = dynamic_choice(batch, ops)
+    return tuple(op for op in OPS if any(row["op"] == op and row["enabled"] for row in table)), table
+
+
+def set_switches(kernels, ops: tuple[str, ...], backend: str) -> None:
+    """Switch exactly `ops` on (on `backend`) and every other op off."""
+    if ops:
+        kernels.enable(ops=ops, backend=backend)
+    else:
+        kernels.disable()
+
+
+def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str, OpReport]:
+    reports = {}
+    for op in OPS:
+        entry = stats.get(op) or {}
+        reports[op] = OpReport(
+            switched_on=op in switched_on,
+            backend=entry.get("backend"),
+            calls=int(entry.get("calls", 0)),
+            fallbacks=int(entry.get("fallbacks", 0)),
+            backends={str(k): int(v) for k, v in (entry.get("backends") or {}).items()},
+            first_fallback_error=entry.get("first_fallback_error"),
+        )
+    return reports
+
+
+def op_failures(reports: dict[str, OpReport], strict: bool) -> tuple[list[str], list[str]]:
+    failures, warnings = [], []
+    for op, report in reports.items():
+        if report.switched_on and report.calls == 0:
+            failures.append(f"{op} was switched on but never ran (0 calls): the injection is not reached")
+        if not report.switched_on and report.calls:
+            failures.append(f"{op} ran {report.calls} time(s) although it was switched off")
+        if report.fallbacks:
+            message = f"{op} fell back to torch {report.fallbacks} time(s)" + (
+                f": {report.first_fallback_error}" if report.first_fallback_error else ""
+            )
+            (failures if strict else warnings).append(message + ("" if strict else " (fails under --strict)"))
+    return failures, warnings

@@ -1,0 +1,67 @@
+"""The options every run shares (verify's and bench's extend them), checked before anything loads."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.run.device import dtype_key
+from pto_patch.run.ops import KERNEL_BACKENDS
+from pto_patch.spec import ModelSpec, parse_ops
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What verify and bench both run: the model and its input, where, in which dtype, how often,
+    which kernels and how compiled. Each command's options extend it."""
+
+    model: str = "gutenocr_3b"
+    model_path: Path | None = None
+    prompt: str | None = None
+    image: Path | None = None
+    simple_prompt: bool = False
+    device: str | None = None
+    dtype: str = "bf16"
+    warmup: int = 5
+    iters: int = 5
+    output_length: int = 50
+    ops: str | None = None
+    kernel_backend: str | None = None
+    use_compile: bool = False
+    compile_backend: str = "inductor"
+    compile_mode: str | None = None
+    use_acl_graph: bool = False
+    use_dynamic_config: bool = False
+    allow_modified: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {key: (str(value) if isinstance(value, Path) else value) for key, value in data.items()}
+
+
+def check_counts(warmup: int, iters: int, batch: int, output_length: int) -> None:
+    if warmup < 0:
+        raise PtoPatchError(
+            f"--warmup must be 0 or more, got {warmup}", "pass --warmup 0", exit_code=EXIT_USAGE
+        )
+    for name, value in (("--iters", iters), ("--batch", batch), ("--output_length", output_length)):
+        if value < 1:
+            raise PtoPatchError(
+                f"{name} must be at least 1, got {value}", f"pass {name} 1", exit_code=EXIT_USAGE
+            )
+
+
+def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
+    """Reject bad option values (usage errors) before any folder, device or model is touched."""
+    check_counts(options.warmup, options.iters, batch, options.output_length)
+    dtype_key(options.dtype)
+    if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
+        raise PtoPatchError(
+            f"--kernel-backend '{options.kernel_backend}' is unknown",
+            f"choose from: {', '.join(KERNEL_BACKENDS)}",
+            exit_code=EXIT_USAGE,
+        )
+    if options.ops is not None:
+        parse_ops(options.ops, spec)

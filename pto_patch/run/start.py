@@ -1,0 +1,52 @@
+"""Where verify, bench and tune start: options checked, the folder checked, the model loaded once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pto_patch.run import loading
+from pto_patch.run.device import resolve_device
+from pto_patch.run.inputs import check_image
+from pto_patch.run.loading import LoadedModel, load_failures
+from pto_patch.run.ops import choose_ops
+from pto_patch.run.options import RunOptions, check_options
+from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
+from pto_patch.spec import load_spec
+
+
+@dataclass
+class StartedRun:
+    """The loaded model, and the failures (checkpoint keys, other patchers) and warnings found so far."""
+
+    loaded: LoadedModel
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
+    """Usage errors first, then the folder and --image, then one load (`loading.load_model`, looked up
+    at call time so a test can wrap it)."""
+    from pto_patch.model_folder import resolve_model_folder
+
+    spec = load_spec(options.model)
+    check_options(options, spec, batch)
+    folder = resolve_model_folder(options.model_path, spec)
+    if options.image is not None:
+        check_image(Path(options.image))
+    device = resolve_device(options.device)
+    loaded = loading.load_model(
+        spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
+    )
+    warnings: list[str] = []
+    if loaded.state.modified_files:
+        warnings.append(
+            "--allow-modified: ran patched files that differ from what apply wrote: "
+            + ", ".join(loaded.state.modified_files)
+        )
+    failures = load_failures(loaded.load_info)
+    loaded.other_patchers = find_other_patchers(loaded.model, spec)
+    # Every op this run may switch on (--use_dynamic_config only ever switches a subset of these on).
+    may_switch_on = choose_ops(options.ops, spec, loaded.state, batch, False)[0] if use_pto else ()
+    more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, may_switch_on)
+    return StartedRun(loaded, failures + more_failures, warnings + more_warnings)

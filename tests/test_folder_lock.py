@@ -1,0 +1,175 @@
+"""The folder lock: one writer at a time, readers beside readers, a killed holder never blocks.
+
+Races run real `pto-patch` processes against one folder; after each round a restore must give the
+original folder back byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pto_patch import engine, folder_lock
+from pto_patch.errors import FolderBusyError
+from tests.folder_snapshot import snapshot
+from tests.test_engine import HUB_CONFIG, run_cli, write_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def model_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "GutenOCR-3B"
+    folder.mkdir()
+    write_config(folder, HUB_CONFIG)
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+# Takes the lock in the mode given, says so, and holds it until stdin closes (or it is killed).
+HOLDER = """
+import sys
+from pto_patch import folder_lock
+with folder_lock.locked(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+class Holder:
+    def __init__(self, folder: Path, mode: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(folder), mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        assert self.process.stdout.readline().strip() == "held"
+
+    def release(self) -> None:
+        self.process.stdin.close()
+        assert self.process.wait(timeout=30) == 0
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def test_a_second_writer_fails_at_once_naming_the_holder(model_folder: Path, capsys):
+    before = snapshot(model_folder)
+    holder = Holder(model_folder, folder_lock.EXCLUSIVE)
+    try:
+        with pytest.raises(FolderBusyError) as busy:
+            engine.apply_patch(model_path=model_folder)
+        assert busy.value.message == (
+            f"another pto-patch (pid {holder.process.pid}, "
+            f"{' '.join([sys.executable, '-c', HOLDER, str(model_folder), 'exclusive'])[:120]}) "
+            f"is working on {model_folder.resolve()}"
+        )
+        assert busy.value.exit_code == 1
+        assert run_cli("apply", "--model-path", str(model_folder)) == 1
+        stderr = capsys.readouterr().err
+        assert f"another pto-patch (pid {holder.process.pid}" in stderr and "hint:" in stderr
+        assert "Traceback" not in stderr
+        # readers are refused while a writer works, too
+        with pytest.raises(FolderBusyError), folder_lock.shared(model_folder):
+            pass
+    finally:
+        holder.release()
+    assert snapshot(model_folder) == before
+    engine.apply_patch(model_path=model_folder)  # free again once the holder is done
+
+
+def test_a_killed_holder_never_blocks(model_folder: Path):
+    before = snapshot(model_folder)
+    holder = Holder(model_folder, folder_lock.EXCLUSIVE)
+    with pytest.raises(FolderBusyError):
+        engine.restore_model(model_path=model_folder)
+    holder.kill()
+    engine.apply_patch(model_path=model_folder)
+    engine.restore_model(model_path=model_folder)
+    assert snapshot(model_folder) == before
+
+
+def test_readers_share_and_keep_writers_out(model_folder: Path):
+    reader = Holder(model_folder, folder_lock.SHARED)
+    try:
+        with folder_lock.shared(model_folder):  # a second reader is welcome
+            pass
+        with pytest.raises(FolderBusyError, match=f"pid {reader.process.pid}"):
+            engine.apply_patch(model_path=model_folder)
+        engine.apply_patch(model_path=model_folder, dry_run=True)  # a dry run only reads
+    finally:
+        reader.release()
+    with folder_lock.exclusive(model_folder):
+        pass
+
+
+def test_reentrant_in_one_thread_exclusive_across_threads(model_folder: Path):
+    seen: list[BaseException | None] = []
+
+    def other_thread() -> None:
+        try:
+            with folder_lock.shared(model_folder):
+                seen.append(None)
+        except FolderBusyError as exc:
+            seen.append(exc)
+
+    with folder_lock.shared(model_folder):
+        with folder_lock.exclusive(model_folder):  # upgraded for the inner block (tune calling apply)
+            engine.apply_patch(model_path=model_folder)  # takes it again: re-entrant
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+        thread = threading.Thread(target=other_thread)  # back to shared: another reader may join
+        thread.start()
+        thread.join()
+    assert isinstance(seen[0], FolderBusyError) and seen[1] is None
+    engine.restore_model(model_path=model_folder)
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pto_patch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+
+
+RACE_ROUNDS = (
+    ("apply", "apply", "apply"),  # the report that started it: three applies at once
+    ("apply", "restore", "apply"),
+    ("restore", "apply", "restore"),
+)
+
+
+@pytest.mark.parametrize("commands", RACE_ROUNDS, ids=["-".join(c) for c in RACE_ROUNDS])
+def test_concurrent_commands_never_lose_the_original(model_folder: Path, commands):
+    before = snapshot(model_folder)
+    if commands[0] == "restore":
+        engine.apply_patch(model_path=model_folder)
+    processes = [_cli(command, "--model-path", str(model_folder)) for command in commands]
+    outcomes = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        outcomes.append((process.returncode, stderr))
+    for code, stderr in outcomes:
+        assert "Traceback" not in stderr
+        assert code == 0 or "another pto-patch (pid" in stderr or "is not patched" in stderr, stderr
+    assert any(code == 0 for code, _ in outcomes)
+    status = engine.model_status(model_path=model_folder)
+    assert status.state in (None, "complete") and not status.drifted
+    if status.patched:
+        engine.restore_model(model_path=model_folder)
+    assert snapshot(model_folder) == before

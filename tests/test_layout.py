@@ -1,0 +1,45 @@
+"""The package's shape: thin proving commands over `pto_patch.run`, and no module past ~600 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pto_patch"
+# The proving commands; what they share lives in pto_patch.run and pto_patch.report.
+COMMAND_MODULES = ("pto_patch.verify", "pto_patch.bench", "pto_patch.demo")
+MAX_LINES = 600
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function (`from a import b` gives a and a.b)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_no_command_module_imports_another():
+    for name in COMMAND_MODULES:
+        path = PACKAGE / f"{name.rsplit('.', 1)[1]}.py"
+        others = imported_modules(path) & (set(COMMAND_MODULES) - {name})
+        assert not others, f"{name} imports {sorted(others)}: move what they share into pto_patch.run"
+
+
+def test_the_import_check_sees_imports_inside_functions(tmp_path: Path):
+    source = tmp_path / "x.py"
+    source.write_text("def f():\n    from pto_patch import verify\n", encoding="utf-8")
+    assert "pto_patch.verify" in imported_modules(source)
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {
+        path.relative_to(PACKAGE).as_posix(): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split these modules by concern: {long}"

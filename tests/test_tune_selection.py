@@ -1,0 +1,234 @@
+"""tune's choice from measurements: noise bands, alternating rounds, repeats sized to the spread,
+and whole decisions through the real pto_kernels switches with a test backend that sleeps."""
+
+import itertools
+import math
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from pto_patch import tune_selection as ts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+import pto_kernels  # noqa: E402
+from pto_kernels import _dispatch  # noqa: E402
+
+RMS = ts.Candidate.of({"rms_norm": "fused"})
+MLP = ts.Candidate.of({"swiglu_mlp": "fused"})
+BOTH = ts.Candidate.of({"rms_norm": "fused", "swiglu_mlp": "fused"})
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def table_runner(speeds, clock=None, noise=None, order=None, seconds_per_run=1.0):
+    """run_once from a table of tokens/s per candidate, optional noise and a record of the run order."""
+    counter = itertools.count()
+
+    def run_once(candidate):
+        if order is not None:
+            order.append(candidate)
+        if clock is not None:
+            clock.now += seconds_per_run
+        value = speeds[candidate]
+        if noise is not None:
+            value *= noise(next(counter))
+        return value
+
+    return run_once
+
+
+def test_band_is_the_median_with_a_mad_based_standard_error():
+    estimate = ts.band([1.0, 1.1, 0.9, 1.05, 0.95])
+    half = 2 * 1.2533 * 1.4826 * 0.05 / math.sqrt(5)
+    assert estimate.ratio == pytest.approx(1.0)
+    assert (estimate.low, estimate.high) == pytest.approx((1.0 - half, 1.0 + half))
+    assert ts.band([1.2, 1.3]).low == -math.inf  # two runs say nothing about the spread
+
+
+def test_sign_test():
+    assert ts.sign_p([1.1] * 5) == pytest.approx(1 / 32)
+    assert ts.sign_p([1.1] * 4 + [0.9]) == pytest.approx(6 / 32)
+    assert ts.sign_p([]) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("ratios", "expected"),
+    [
+        ([1.05, 1.06, 1.04, 1.05, 1.07], ts.FASTER),
+        ([0.90, 0.91, 0.89, 0.90, 0.92], ts.SLOWER),
+        ([1.001, 0.999, 1.0, 1.002, 0.998], ts.WITHIN_NOISE),
+        ([1.2, 0.8, 1.1, 0.9, 1.3], ts.UNDECIDED),
+        # a narrow band above 1 from ratios that are mostly below it is luck, not a gain
+        ([1.05, 1.05, 1.05, 0.5, 0.5, 0.5, 0.5], ts.SLOWER),
+    ],
+)
+def test_verdicts(ratios, expected):
+    assert ts.verdict(ratios, ts.Rules()) == expected
+
+
+def test_min_gain_raises_the_bar():
+    ratios = [1.01, 1.012, 1.011, 1.009, 1.01]
+    assert ts.verdict(ratios, ts.Rules()) == ts.FASTER
+    assert ts.verdict(ratios, ts.Rules(min_gain=0.05)) != ts.FASTER
+
+
+def test_rounds_alternate_and_ratios_pair_runs_of_the_same_round():
+    order = []
+    speeds = {ts.BASELINE: 10.0, RMS: 12.0, MLP: 8.0}
+    rules = ts.Rules(warmup=1, min_rounds=5, max_rounds=5)
+    result = ts.measure([RMS, MLP], table_runner(speeds, order=order), rules)
+    warmup, rounds = order[:3], order[3:]
+    assert warmup == [ts.BASELINE, RMS, MLP]
+    assert rounds[:6] == [ts.BASELINE, RMS, MLP, MLP, RMS, ts.BASELINE]
+    assert result[RMS].ratios == [pytest.approx(1.2)] * 5 and result[RMS].verdict == ts.FASTER
+    assert result[MLP].verdict == ts.SLOWER
+    assert len(result[ts.BASELINE].tokens_per_s) == 5
+
+
+def test_drift_that_hits_both_sides_of_a_round_cancels():
+    # the machine slows down steadily; the candidate is as fast as the baseline
+    order = []
+    speeds = {ts.BASELINE: 10.0, RMS: 10.0}
+    drift = table_runner(speeds, order=order, noise=lambda i: 1.0 - 0.001 * i)
+    result = ts.measure([RMS], drift, ts.Rules(warmup=0, max_rounds=12))
+    assert result[RMS].verdict in (ts.WITHIN_NOISE, ts.UNDECIDED)
+    assert result[RMS].band.ratio == pytest.approx(1.0, abs=0.002)
+
+
+def test_repeats_grow_with_the_spread():
+    speeds = {ts.BASELINE: 10.0, RMS: 10.3}
+    rules = ts.Rules(warmup=0, min_rounds=5, max_rounds=40)
+    quiet = ts.measure([RMS], table_runner(speeds), rules)
+    assert len(quiet[RMS].ratios) == rules.min_rounds and quiet[RMS].verdict == ts.FASTER
+    wobble = [1.0, 1.04, 0.97, 1.02, 0.96, 1.03, 0.98, 1.05, 0.99, 0.95, 1.01]
+    noisy = ts.measure([RMS], table_runner(speeds, noise=lambda i: wobble[(i * 7) % len(wobble)]), rules)
+    assert len(noisy[RMS].ratios) > rules.min_rounds
+
+
+def test_a_decided_candidate_leaves_the_rounds():
+    order = []
+    speeds = {ts.BASELINE: 10.0, RMS: 20.0, MLP: 10.0}
+    wobble = [1.0, 1.08, 0.93, 1.05, 0.96]
+    noise = lambda i: wobble[i % 5] if order[i] == MLP else 1.0  # noqa: E731
+    rules = ts.Rules(warmup=0, min_rounds=5, max_rounds=12)
+    result = ts.measure([RMS, MLP], table_runner(speeds, order=order, noise=noise), rules)
+    assert len(result[RMS].ratios) == 5 and len(result[MLP].ratios) > 5
+
+
+def test_the_deadline_stops_rounds_and_leaves_them_undecided():
+    clock = FakeClock()
+    speeds = {ts.BASELINE: 10.0, RMS: 12.0}
+    rules = ts.Rules(warmup=1, min_rounds=5, max_rounds=15)
+    result = ts.measure([RMS], table_runner(speeds, clock=clock), rules, deadline=7.5, clock=clock)
+    # 2 warm-up runs, then 2-run rounds while the next round still ends by the deadline
+    assert len(result[RMS].ratios) == 2 and clock.now <= 7.5
+    assert result[RMS].verdict == ts.UNDECIDED
+    assert ts.choose(result.values()) is None
+
+
+def test_choose_takes_the_best_faster_candidate_or_nothing():
+    def entry(candidate, ratios):
+        measured = ts.Measured(candidate, [1.0] * len(ratios), ratios, ts.band(ratios))
+        measured.verdict = ts.verdict(ratios, ts.Rules())
+        return measured
+
+    slow = [entry(RMS, [0.9] * 5), entry(MLP, [0.95, 0.96, 0.94, 0.95, 0.95])]
+    assert ts.choose(slow) is None
+    fast = [entry(RMS, [1.02] * 5), entry(MLP, [1.05] * 5), entry(BOTH, [1.2, 0.8, 1.5, 0.7, 1.3])]
+    assert ts.choose(fast).candidate == MLP
+
+
+def test_combinations_come_from_the_ops_that_won_alone():
+    speeds = {ts.BASELINE: 10.0, RMS: 11.0, MLP: 11.0, BOTH: 12.5}
+    speeds[ts.Candidate.of({"mrope": "fused"})] = 9.0
+    decision = ts.decide_batch(
+        4, ["rms_norm", "mrope", "swiglu_mlp"], ["fused"], table_runner(speeds), ts.Rules(warmup=0)
+    )
+    assert decision.stages == 2
+    assert decision.chosen_ops == {"rms_norm": "fused", "swiglu_mlp": "fused"}
+    assert {entry.candidate.label for entry in decision.tried} == {
+        "rms_norm=fused",
+        "mrope=fused",
+        "swiglu_mlp=fused",
+        "rms_norm=fused+swiglu_mlp=fused",
+    }
+
+
+# --- whole decisions through the real switches, with a test backend that sleeps -------------------
+
+
+def _sleepy_backend(kernel_s: dict[str, float]) -> types.ModuleType:
+    module = types.ModuleType("sleepy_backend")
+    module.rms_norm = lambda x, w, eps=1e-6: time.sleep(kernel_s["rms_norm"])
+    module.mrope = lambda q, k, cos, sin, section, dim=1: time.sleep(kernel_s["mrope"])
+    module.swiglu_mlp = lambda mlp, x: time.sleep(kernel_s["swiglu_mlp"])
+    return module
+
+
+def _model_step(eager_s: dict[str, float], layers: int = 2) -> float:
+    """A "decode step" whose ops go through the guards as the patched modeling code has them."""
+    started = time.perf_counter()
+    for _ in range(layers):
+        kernels = sys.modules.get("pto_kernels")
+        if kernels is not None and kernels.USE_PTO_RMS_NORM:
+            kernels.rms_norm_wrapper(None, None, 1e-6)
+        else:
+            time.sleep(eager_s["rms_norm"])
+        if kernels is not None and kernels.USE_PTO_MROPE:
+            kernels.mrope_pto_correct(None, None, None, None, [1, 1, 1])
+        else:
+            time.sleep(eager_s["mrope"])
+        if kernels is not None and kernels.USE_PTO_SWIGLU_MLP:
+            kernels.swiglu_mlp_wrapper(None, None)
+        else:
+            time.sleep(eager_s["swiglu_mlp"])
+    return 1.0 / (time.perf_counter() - started)
+
+
+def _tune_with_sleeps(monkeypatch, eager_s, kernel_s):
+    monkeypatch.setitem(_dispatch._modules, "fused", _sleepy_backend(kernel_s))
+
+    def run_once(candidate):
+        if candidate.is_baseline:
+            pto_kernels.disable()
+        else:
+            pto_kernels.enable(candidate.op_names, backend=candidate.as_dict())
+        return _model_step(eager_s)
+
+    try:
+        return ts.decide_batch(1, ["rms_norm", "mrope", "swiglu_mlp"], ["fused"], run_once, ts.Rules())
+    finally:
+        pto_kernels.disable()
+        pto_kernels.enable((), backend="auto")
+
+
+def test_every_op_made_slower_switches_nothing_on(monkeypatch):
+    eager = dict.fromkeys(("rms_norm", "mrope", "swiglu_mlp"), 0.002)
+    decision = _tune_with_sleeps(monkeypatch, eager, dict.fromkeys(eager, 0.006))
+    assert decision.chosen is None and decision.chosen_ops == {}
+    assert {entry.verdict for entry in decision.tried} == {ts.SLOWER}
+    assert decision.stages == 1
+
+
+def test_the_op_made_faster_is_switched_on(monkeypatch):
+    eager = dict.fromkeys(("rms_norm", "mrope", "swiglu_mlp"), 0.002)
+    kernel = {"rms_norm": 0.006, "mrope": 0.006, "swiglu_mlp": 0.0002}
+    decision = _tune_with_sleeps(monkeypatch, eager, kernel)
+    assert decision.chosen_ops == {"swiglu_mlp": "fused"}
+    assert decision.chosen.band.low > 1.0
+    assert pto_kernels.stats()["swiglu_mlp"]["backends"].get("fused", 0) > 0
+
+
+def test_a_clear_gain_with_an_outlier_is_measured_again_not_called_noise():
+    ratios = [1.40, 1.41, 0.7, 1.40, 1.41]  # the band is narrow, but one run in five went the other way
+    assert ts.verdict(ratios, ts.Rules()) == ts.UNDECIDED
+    assert ts.verdict([*ratios, 1.40, 1.41, 1.40], ts.Rules()) == ts.FASTER
