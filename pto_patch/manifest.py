@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ class Manifest:
     added_dirs: tuple[str, ...] = ()
     state: str = STATE_COMPLETE
     schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def with_state(self, state: str) -> Manifest:
         return Manifest(**{**self._fields(), "state": state})
@@ -90,6 +91,7 @@ class Manifest:
             added_dirs=tuple(data.get("added_dirs", ())),
             state=data.get("state", STATE_COMPLETE),
             schema_version=data.get("schema_version", SCHEMA_VERSION),
+            extra=dict(data.get("extra", {})),
         )
 
     @staticmethod
@@ -98,12 +100,18 @@ class Manifest:
 
     @classmethod
     def exists_in(cls, folder: Path) -> bool:
-        return cls.path_in(folder).is_file()
+        """Whether there is a manifest to honour; anything standing at its path counts (load judges it)."""
+        path = cls.path_in(folder)
+        return path.exists() or path.is_symlink() or (path.parent.exists() and not path.parent.is_dir())
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:
         """The folder's manifest, refused as damaged unless well formed and confined to the folder."""
         path = cls.path_in(folder)
+        if path.parent.exists() and not path.parent.is_dir():
+            raise _damaged(path, f"{MANIFEST_DIR} is not a folder")
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise _damaged(path, "it is not a plain file")
         try:
             manifest = cls.from_json(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError as exc:

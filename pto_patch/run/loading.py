@@ -16,6 +16,7 @@ from typing import Any
 from pto_patch import __version__
 from pto_patch.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.errors import ModelFolderError
+from pto_patch.model_folder import ModelConfig
 from pto_patch.report import LoadInfo, OtherPatcher
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
 from pto_patch.run.folder import FolderState, check_folder, import_folder_kernels
@@ -40,14 +41,14 @@ def _rope_data(config) -> dict[str, Any]:
     return data
 
 
-def fix_rope_config(config, spec: ModelSpec, where: str = "config.json") -> list[str]:
+def fix_rope_config(config, spec: ModelSpec, config_path: Path = Path("config.json")) -> list[str]:
     """The reference's fix: make sure every rope dict the attention may read carries the mrope_section
     that `config_fix.choose_mrope_section` picks.
 
     4.x reads `rope_scaling["mrope_section"]`, 5.x `rope_parameters["mrope_section"]` (5.20+ silently
     defaults to [16, 24, 24], wrong for any other head size).
     """
-    section = choose_mrope_section(_rope_data(config), spec, where)
+    section = choose_mrope_section(ModelConfig(Path(config_path), b"", _rope_data(config)), spec)
     fixes = []
     scopes = [config] + ([config.text_config] if getattr(config, "text_config", None) is not None else [])
     for scope in scopes:
@@ -127,7 +128,7 @@ def load_model(
     started = time.perf_counter()
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-        rope_fixes = fix_rope_config(config, spec, str(folder / "config.json"))
+        rope_fixes = fix_rope_config(config, spec, folder / "config.json")
         model, info = AutoModelForImageTextToText.from_pretrained(
             folder,
             config=config,
