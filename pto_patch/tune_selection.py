@@ -4,10 +4,10 @@ Each candidate is a set of (op, backend) pairs; the empty set is the baseline (e
 Runs are measured in rounds: every round runs the baseline and each live candidate once, the order
 reversed every other round, and each candidate run's speed is taken relative to the baseline
 interpolated between the baseline runs around it, so a shared machine's drift cancels out. A candidate's gain is the
-median of its per-round ratios, with a noise band from their spread; rounds continue until every
-candidate's band is clear of 1 (faster or slower), narrower than `resolution` (no difference worth
-having), or the time is up. The choice is the candidate with the best median ratio whose whole band
-lies above 1 + min_gain; if there is none, nothing is switched on.
+median of its per-run ratios, with a noise band from their spread; rounds continue until every
+candidate's band is clear of 1 (faster or slower, confirmed by a sign test), within 1 +- `resolution`
+(no difference worth having), or the time is up. The choice is the candidate with the best median
+ratio measured faster; if there is none, nothing is switched on.
 """
 
 from __future__ import annotations
@@ -100,21 +100,22 @@ class Rules:
     alpha: float = 0.05  # sign-test level a "faster" verdict must also pass
 
 
-def sign_p(ratios: Sequence[float]) -> float:
-    """One-sided sign test: the chance of at least this many ratios above 1 if none were faster."""
+def sign_p(ratios: Sequence[float], above: bool = True) -> float:
+    """One-sided sign test: the chance of at least this many ratios above 1 (below 1 with
+    above=False) if the candidate made no difference."""
     n = len(ratios)
-    above = sum(1 for r in ratios if r > 1.0)
-    return sum(math.comb(n, k) for k in range(above, n + 1)) / 2**n if n else 1.0
+    count = sum(1 for r in ratios if (r > 1.0 if above else r < 1.0))
+    return sum(math.comb(n, k) for k in range(count, n + 1)) / 2**n if n else 1.0
 
 
 def verdict(ratios: Sequence[float], rules: Rules) -> str:
-    """faster when the band clears 1 + min_gain and the ratios are above 1 more often than chance allows
-    (a median band from few runs can be narrow by luck); slower when the band lies below 1; within noise
-    once the band lies within 1 +- resolution; undecided otherwise."""
+    """faster when the band clears 1 + min_gain and the ratios lie above 1 more often than chance
+    allows (a median band from few runs can be narrow by luck); slower likewise below 1; within
+    noise once the band lies within 1 +- resolution; undecided otherwise."""
     estimate = band(ratios, rules.z)
     if estimate.low > 1.0 + rules.min_gain and sign_p(ratios) <= rules.alpha:
         return FASTER
-    if estimate.high < 1.0:
+    if estimate.high < 1.0 and sign_p(ratios, above=False) <= rules.alpha:
         return SLOWER
     if 1.0 - rules.resolution <= estimate.low and estimate.high <= 1.0 + rules.resolution:
         return WITHIN_NOISE
@@ -210,8 +211,7 @@ def measure(
 
     Each candidate is first warmed up `rules.warmup` times, unmeasured: by `warm_up`, which returns
     its estimate of one measured run's seconds, or by a measured-length run itself. A candidate leaves
-    the rounds once decided: slower as soon as its band lies below 1 (3 rounds), faster or within
-    noise after min_rounds; the baseline stays. A warm-up or round is only started if it should end
+    the rounds once decided (after min_rounds); the baseline stays. A warm-up or round is only started if it should end
     before `deadline`, judged by the runs so far (`expected_warm_up_s` before the first warm-up).
     """
     ordered = [BASELINE] + [c for c in dict.fromkeys(candidates) if not c.is_baseline]
@@ -258,17 +258,12 @@ def measure(
             entry.ratios = paired_ratios(timeline, candidate)
             entry.band = band(entry.ratios, rules.z)
             entry.verdict = verdict(entry.ratios, rules)
-        done_rounds = index + 1
-        live = [
-            c
-            for c in live
-            if results[c].verdict == UNDECIDED
-            or (results[c].verdict != SLOWER and done_rounds < rules.min_rounds)
-        ]
+        if index + 1 >= rules.min_rounds:
+            live = [c for c in live if results[c].verdict == UNDECIDED]
     results[BASELINE].verdict = "measured" if results[BASELINE].tokens_per_s else NOT_MEASURED
     for candidate in ordered[1:]:
         entry = results[candidate]
-        if entry.verdict in (FASTER, WITHIN_NOISE) and entry.band.rounds < rules.min_rounds:
+        if entry.verdict in (FASTER, SLOWER, WITHIN_NOISE) and entry.band.rounds < rules.min_rounds:
             entry.verdict = UNDECIDED  # stopped by the deadline before min_rounds
     return results
 
