@@ -9,6 +9,7 @@ back, so an interrupted apply never leaves a half-patched folder behind.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pto_patch import __version__, folder_lock, undo
+from pto_patch import overlay as overlays
 from pto_patch.config_fix import fixed_config, render_config
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
@@ -69,6 +71,7 @@ class ApplyResult:
     diff: str = ""
     already_applied: bool = False
     rolled_back_interrupted: bool = False
+    overlay_of: Path | None = None  # apply --overlay: the source folder, which was only read
     elapsed_s: float = 0.0
 
 
@@ -80,6 +83,8 @@ class RestoreResult:
     kept_edited: tuple[str, ...] = ()
     was_interrupted: bool = False
     purged_module_caches: tuple[str, ...] = ()
+    overlay_of: Path | None = None  # the overlay's source folder, left untouched
+    removed_folder: bool = False  # the overlay folder itself, which apply had created
     elapsed_s: float = 0.0
 
 
@@ -97,6 +102,7 @@ class StatusResult:
     drifted: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()
     download: dict | None = None
+    overlay: dict | None = None  # apply --overlay: the source folder and what changed there since
 
     @property
     def needs_reapply(self) -> bool:
@@ -185,7 +191,7 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
     return planned, info
 
 
-def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
+def unified_diff(planned: list[PlannedFile]) -> str:
     chunks = []
     kernel_files = [item for item in planned if item.path.startswith(f"{KERNEL_PACKAGE}/")]
     for item in planned:
@@ -253,11 +259,15 @@ def apply_patch(
     model_path: Path | str | None = None,
     ops: str | tuple[str, ...] | None = None,
     dry_run: bool = False,
+    overlay: Path | str | None = None,
 ) -> ApplyResult:
+    """Patch the model folder in place, or with `overlay` build a patched overlay there (see overlay.py)."""
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
+    if overlay is not None:
+        return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started)
     with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
         return _apply_locked(spec, folder, chosen, dry_run, started)
 
@@ -294,6 +304,9 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
+        read_only = overlays.read_only_error(folder)
+        if read_only is not None:
+            raise read_only
         try:
             rolled_back = undo.recover(folder)
         except OSError as exc:
@@ -312,12 +325,15 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
         files=tuple((item.path, item.action) for item in planned),
     )
     if dry_run:
-        diff = _unified_diff(folder, planned)
+        diff = unified_diff(planned)
         return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
     try:
         _write_patch(folder, spec, chosen, planned, info)
     except OSError as exc:
-        raise undo.failed_apply_error(folder, exc) from exc
+        error = undo.failed_apply_error(folder, exc)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            error.hint = f"{error.hint}; or: {overlays.OVERLAY_HINT}"
+        raise error from exc
     except BaseException:
         undo.roll_back_failed_apply(folder)
         raise
@@ -352,11 +368,13 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
     kept = undo.keep_edited_copies(folder, drifted)
+    overlay_record = overlays.record_of(folder, manifest)
     try:
         if not interrupted:
             undo.mark_restoring(folder, manifest)
         restored, removed = undo.put_back(folder, manifest)
         undo.check_restored(folder, manifest)
+        removed += overlays.remove_links(folder, manifest)
         undo.drop_manifest_dir(folder)
     except OSError as exc:
         raise PtoPatchError(
@@ -372,6 +390,8 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
         kept_edited=tuple(kept),
         was_interrupted=interrupted,
         purged_module_caches=tuple(purged),
+        overlay_of=Path(overlay_record.source) if overlay_record else None,
+        removed_folder=overlays.remove_created_folder(folder, overlay_record),
         elapsed_s=time.perf_counter() - started,
     )
 
@@ -412,4 +432,5 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
         drifted=tuple(drifted_files(folder, manifest)),
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
+        overlay=overlays.status_of(folder, manifest),
     )

@@ -23,6 +23,7 @@ from pto_patch.fileio import (
     sha256_file,
 )
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
+from pto_patch.overlay import remove_links
 
 
 def remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
@@ -219,5 +220,6 @@ def recover(folder: Path) -> bool:
         return False
     put_back(folder, manifest)
     check_restored(folder, manifest)
+    remove_links(folder, manifest)  # an overlay's links into its source (nothing for an in-place patch)
     drop_manifest_dir(folder)
     return True
