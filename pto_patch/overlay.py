@@ -348,7 +348,13 @@ def apply_overlay(
             diff = engine.unified_diff(planned)
             return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
         created = _created_before(out)
-        make_dirs(out)
+        try:
+            make_dirs(out)
+        except OSError as exc:
+            raise ModelFolderError(
+                f"cannot create --overlay {out}: {exc.strerror or exc}",
+                "pick a folder you can write to (and free disk space), then run apply --overlay again",
+            ) from exc
         with folder_lock.exclusive(out):
             rolled_back = undo.recover(out)
             entries, source_dirs = scan_source(source)
@@ -379,7 +385,8 @@ def _created_before(out: Path) -> bool:
         except PtoPatchError:
             return False
         return bool(record and record.created_folder)
-    return False
+    # An apply that stopped before its manifest leaves only .pto_patch/: taken as its own folder.
+    return [p.name for p in out.iterdir()] == [MANIFEST_DIR]
 
 
 def _remove_if_empty(out: Path, record: OverlayRecord) -> None:
