@@ -6,6 +6,10 @@ hidden 2048, intermediate 11008, 16 / 2 heads, head_dim 128), applies the patch,
 machine state. Prints the PTO / baseline ratio of tokens per second per batch size; asserts nothing.
 
     python benchmarks/bench_end_to_end.py --layers 2 --backend fused --batches 1,4,8
+
+With --tune, `pto-patch tune` runs first (within --tune-budget seconds) and every bench run uses its
+choice (`--use_dynamic_config`); --repeats runs bench that many times and prints each run's ratio,
+their median and their minimum per batch size.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -29,12 +35,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--model-path", type=Path, help="an existing patched folder instead of a new one")
     parser.add_argument("--keep", action="store_true", help="keep the built folder")
+    parser.add_argument("--tune", action="store_true", help="run tune first; bench with its choice")
+    parser.add_argument("--tune-budget", type=float, default=600.0, help="tune's --budget-s")
+    parser.add_argument("--tune-batches", help="tune's --batches (default: --batches)")
+    parser.add_argument("--tune-output-length", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1, help="bench runs, each alternating both modes")
+    parser.add_argument("--json", type=Path, help="write every run's numbers here")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="pto-bench-e2e-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))  # before transformers is imported
     from pto_patch import engine, tiny_model
     from pto_patch.bench import BenchOptions, run_bench
+    from pto_patch.tune import TuneOptions, run_tune
 
     try:
         folder = args.model_path
@@ -42,32 +55,70 @@ def main() -> None:
             folder = work / "gutenocr-full-width"
             tiny_model.make_tiny(folder, full_width=True, layers=args.layers)
             engine.apply_patch(model_path=folder)
-        result = run_bench(
-            BenchOptions(
-                model_path=folder,
-                kernel_backend=args.backend,
-                batches=args.batches,
-                output_length=args.output_length,
-                warmup=args.warmup,
-                iters=args.iters,
-                dtype=args.dtype,
-                output_dir=work / "results",
+        record: dict = {"tune": None, "bench": []}
+        if args.tune:
+            started = time.perf_counter()
+            tuned = run_tune(
+                TuneOptions(
+                    model_path=folder,
+                    batches=args.tune_batches or args.batches,
+                    output_length=args.tune_output_length,
+                    budget_s=args.tune_budget,
+                    dtype=args.dtype,
+                    kernel_backend=None if args.backend == "auto" else args.backend,
+                )
+            ).to_json()
+            record["tune"] = tuned
+            print(f"tune: {time.perf_counter() - started:.0f} s (budget {args.tune_budget:.0f} s)")
+            for entry in tuned["batches"]:
+                band = entry["ratio_to_baseline"]
+                gain = f"{band['median']:.3f} [{band['low']:.3f}, {band['high']:.3f}]" if band else "-"
+                print(
+                    f"  batch {entry['batch']}: {entry['chosen'] or 'nothing on'} ({entry['decided']}) {gain}"
+                )
+        ratios: dict[int, list[float]] = {}
+        for repeat in range(args.repeats):
+            result = run_bench(
+                BenchOptions(
+                    model_path=folder,
+                    kernel_backend=None if args.tune else args.backend,
+                    batches=args.batches,
+                    output_length=args.output_length,
+                    warmup=args.warmup,
+                    iters=args.iters,
+                    dtype=args.dtype,
+                    use_dynamic_config=args.tune,
+                    output_dir=work / "results",
+                )
             )
-        )
-        doc = result.to_json()
-        print(
-            f"{'batch':>5} {'baseline tok/s':>15} {'PTO tok/s':>10} {'ratio':>6} {'floor/step base':>16} {'PTO':>6}"
-        )
-        for run in doc["runs"]:
-            base, pto = run["baseline"], run["pto"]
+            doc = result.to_json()
+            record["bench"].append(doc)
+            print(f"bench run {repeat + 1} of {args.repeats}")
             print(
-                f"{run['batch']:>5} {base['tokens_per_s']:>15.2f} {pto['tokens_per_s']:>10.2f} "
-                f"{pto['tokens_per_s'] / base['tokens_per_s']:>6.3f} "
-                f"{base['bandwidth_fraction'] or 0:>16.3f} {pto['bandwidth_fraction'] or 0:>6.3f}"
+                f"{'batch':>5} {'switched on':<28} {'baseline tok/s':>15} {'PTO tok/s':>10} {'ratio':>6}"
+                f" {'median-run ratio':>17}"
             )
-        print(json.dumps(doc["bandwidth"]))
-        if doc["failures"]:
-            print("failures:", *doc["failures"], sep="\n  ")
+            for run in doc["runs"]:
+                base, pto = run["baseline"], run["pto"]
+                ratio = pto["tokens_per_s_median"] / base["tokens_per_s_median"]
+                ratios.setdefault(run["batch"], []).append(ratio)
+                print(
+                    f"{run['batch']:>5} {','.join(run['switched_on']) or 'none':<28} {base['tokens_per_s']:>15.2f}"
+                    f" {pto['tokens_per_s']:>10.2f} {pto['tokens_per_s'] / base['tokens_per_s']:>6.3f}"
+                    f" {ratio:>17.3f}"
+                )
+            print(json.dumps(doc["bandwidth"]))
+            if doc["failures"]:
+                print("failures:", *doc["failures"], sep="\n  ")
+        if args.repeats > 1:
+            print("PTO / baseline tokens/s (median runs) over the bench runs")
+            for batch, values in ratios.items():
+                shown = " ".join(f"{v:.3f}" for v in values)
+                print(
+                    f"  batch {batch}: {shown}  median {statistics.median(values):.3f}  min {min(values):.3f}"
+                )
+        if args.json:
+            args.json.write_text(json.dumps(record, indent=2, default=str))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

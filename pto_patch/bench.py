@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.report import BatchRun, BenchResult, ModeRun, write_report
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import apply_compile, versions
-from pto_patch.run.ops import choose_ops, kernel_backend_name, op_failures, op_reports, set_switches
-from pto_patch.run.options import RunOptions
+from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.start import start_run
+from pto_patch.tuning_file import describe_backend, lookup_for_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -35,20 +35,6 @@ class BenchOptions(RunOptions):
     output_length: int = 100
     batches: str = "1,4,8"
     output_dir: Path = Path(".")
-
-
-def parse_batches(text: str) -> tuple[int, ...]:
-    try:
-        batches = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        batches = ()
-    if not batches or any(batch < 1 for batch in batches):
-        raise PtoPatchError(
-            f"--batches '{text}' is not a list of batch sizes",
-            "pass comma-separated positive integers, e.g. --batches 1,4,8",
-            exit_code=EXIT_USAGE,
-        )
-    return batches
 
 
 # --- the bandwidth floor --------------------------------------------------------------------------
@@ -101,18 +87,28 @@ def run_bench(options: BenchOptions) -> BenchResult:
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
     apply_compile(loaded.model, options, warnings)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
-    kernel_backend = kernel_backend_name(options.kernel_backend)
     kernels = loaded.kernels
+    lookup = lookup_for_run(loaded, warnings) if options.use_dynamic_config else None
+    backends_used = []
 
     runs = []
     for batch in batches:
         inputs = repeat_for_batch(single, batch, device)
-        switched_on, table = choose_ops(options.ops, spec, loaded.state, batch, options.use_dynamic_config)
+        switched_on, table = choose_ops(
+            options.ops,
+            spec,
+            loaded.state,
+            batch,
+            options.use_dynamic_config,
+            tuning=lookup.tuning if lookup else None,
+        )
+        kernel_backend = backend_for(table, options.kernel_backend)
+        backends_used.append(describe_backend(kernel_backend))
         kernels.disable()
         kernels.reset_stats()
         switches = {
             "baseline": kernels.disable,
-            "pto": lambda ops=switched_on: set_switches(kernels, ops, kernel_backend),
+            "pto": lambda ops=switched_on, backend=kernel_backend: set_switches(kernels, ops, backend),
         }
         try:
             timed = measure_modes(
@@ -157,7 +153,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
         runs=runs,
         failures=failures,
         warnings=warnings,
-        kernel_backend=kernel_backend,
+        kernel_backend=backends_used[0] if len(set(backends_used)) == 1 else "per-batch",
+        dynamic_config_source=lookup.to_json() if lookup else None,
         options=options.to_json(),
     )
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pto_patch import __version__, folder_lock, undo
 from pto_patch import overlay as overlays
-from pto_patch.config_fix import fixed_config, render_config
-from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
+from pto_patch.config_fix import ConfigChange, config_changes, fixed_config, render_config
+from pto_patch.errors import AnchorNotFoundError, DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
     atomic_write_bytes,
     file_mode,
@@ -67,6 +67,7 @@ class ApplyResult:
     release: str
     source: str
     files: tuple[tuple[str, str], ...]  # (path, "added" | "modified")
+    config_changes: tuple[ConfigChange, ...] = ()  # what apply changes (or changed) in config.json
     dry_run: bool = False
     diff: str = ""
     already_applied: bool = False
@@ -172,9 +173,12 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
         tool_version=__version__,
         source_sha256=sha256_bytes(modeling_bytes),
     )
-    modeling = rewrite_modeling(modeling_bytes.decode("utf-8"), context)
-    configuration = rewrite_configuration(sources.configuration.read_bytes().decode("utf-8"), context)
-    new_config = render_config(fixed_config(config, spec), config.raw_bytes)
+    modeling = _rewritten(folder, sources.modeling, modeling_bytes, rewrite_modeling, context)
+    configuration = _rewritten(
+        folder, sources.configuration, sources.configuration.read_bytes(), rewrite_configuration, context
+    )
+    new_data = fixed_config(config, spec)
+    new_config = render_config(new_data, config.raw_bytes)
 
     planned = [
         _planned(folder, spec.modeling_file, modeling.encode("utf-8")),
@@ -187,8 +191,38 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
         "source": str(sources.modeling),
         "source_sha256": context.source_sha256,
         "from_folder": sources.from_folder,
+        "config_changes": tuple(config_changes(config.data, new_data)),
     }
     return planned, info
+
+
+def _rewritten(folder: Path, path: Path, data: bytes, rewrite, context) -> str:
+    """`rewrite` of a source file; where the file is the folder's own, its faults are the folder's."""
+    own = path.parent == folder
+    if own:
+        context = replace(context, source_folder=folder)
+    try:
+        return rewrite(data.decode("utf-8"), context)
+    except UnicodeDecodeError as exc:
+        if own:
+            raise ModelFolderError(
+                f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                _OWN_SOURCE_HINT.format(name=path.name),
+            ) from exc
+        raise AnchorNotFoundError(
+            f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+            "the source file is damaged; reinstall transformers",
+        ) from exc
+    except AnchorNotFoundError as exc:
+        if not own:
+            raise
+        raise ModelFolderError(exc.message, _OWN_SOURCE_HINT.format(name=path.name)) from exc
+
+
+_OWN_SOURCE_HINT = (
+    "the folder's own {name} is not the transformers code pto-patch patches: move it out of the folder "
+    "(the installed release's file is used then), or download the model again"
+)
 
 
 def unified_diff(planned: list[PlannedFile]) -> str:
@@ -272,6 +306,14 @@ def apply_patch(
         return _apply_locked(spec, folder, chosen, dry_run, started)
 
 
+def _check_writable(folder: Path, command: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ModelFolderError(
+            f"{folder} is read-only, and {command} writes into it",
+            f"copy the model folder somewhere writable (or get write permission), then run {command} again",
+        )
+
+
 def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
     rolled_back = False
     if Manifest.exists_in(folder):
@@ -304,7 +346,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
-        read_only = overlays.read_only_error(folder)
+        read_only = overlays.read_only_error(folder)  # names --overlay; also a folder without write bits
         if read_only is not None:
             raise read_only
         try:
@@ -323,6 +365,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
         release=info["release"],
         source=info["source"],
         files=tuple((item.path, item.action) for item in planned),
+        config_changes=info["config_changes"],
     )
     if dry_run:
         diff = unified_diff(planned)
@@ -351,8 +394,12 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
 def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     if not (folder / MANIFEST_DIR).exists():
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
+    _check_writable(folder, "restore")
     if not Manifest.exists_in(folder):
-        undo.recover(folder)
+        try:
+            undo.recover(folder)
+        except OSError as exc:
+            raise undo.stopped_restore_error(folder, exc) from exc
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
     manifest = Manifest.load(folder)
     interrupted = manifest.state == STATE_IN_PROGRESS
@@ -367,21 +414,18 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    kept = undo.keep_edited_copies(folder, drifted)
+    undo.check_backups(folder, manifest)  # before anything is touched
     overlay_record = overlays.record_of(folder, manifest)
     try:
+        kept = undo.keep_edited_copies(folder, drifted)
         if not interrupted:
             undo.mark_restoring(folder, manifest)
-        restored, removed = undo.put_back(folder, manifest)
-        undo.check_restored(folder, manifest)
-        removed += overlays.remove_links(folder, manifest)
-        undo.drop_manifest_dir(folder)
+        try:
+            restored, removed = undo.finish_restore(folder, manifest)
+        except OSError:  # once more at once, as apply rolls back at once: a passing fault is gone
+            restored, removed = undo.finish_restore(folder, manifest)
     except OSError as exc:
-        raise PtoPatchError(
-            f"restoring {folder} stopped ({exc.strerror or exc}); left: {undo.what_is_left(folder)}",
-            "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
-            "it finishes where this one stopped",
-        ) from exc
+        raise undo.stopped_restore_error(folder, exc) from exc
     purged = undo.purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,

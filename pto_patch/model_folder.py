@@ -37,7 +37,17 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
             f"model folder {folder} (from {origin}) does not exist",
             f"pass --model-path DIR or set {spec.model_path_env}; `pto-patch download` fetches the model",
         )
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if config.is_symlink() and not config.exists():
+        raise ModelFolderError(
+            f"{config} is a link to {os.readlink(config)}, which does not exist",
+            "the download is incomplete: run `pto-patch download` again, or fix the link",
+        )
+    if config.exists() and not config.is_file():
+        raise ModelFolderError(
+            f"{config} is not a file", "point --model-path at a model folder whose config.json is a file"
+        )
+    if not config.is_file():
         raise ModelFolderError(
             f"{folder} (from {origin}) has no config.json, so it is not a model folder",
             f"pass --model-path DIR or set {spec.model_path_env} to the downloaded model's folder",

@@ -342,6 +342,7 @@ def apply_overlay(
             release=info["release"],
             source=info["source"],
             files=tuple((item.path, "added") for item in planned),
+            config_changes=info["config_changes"],
             overlay_of=source,
         )
         if dry_run:

@@ -200,6 +200,7 @@ class VerifyReport(Verdict):
     switched_on: list[str] = field(default_factory=list)
     kernel_backend: str | None = None
     dynamic_config: list[dict[str, Any]] | None = None
+    dynamic_config_source: dict[str, Any] | None = None  # with --use_dynamic_config: tuning or table, why
     pto_kernels_path: str | None = None
     modified_files: list[str] = field(default_factory=list)
     allow_modified: bool = False
@@ -246,6 +247,7 @@ class VerifyReport(Verdict):
             "switched_on": list(self.switched_on),
             "kernel_backend": self.kernel_backend,
             "dynamic_config": self.dynamic_config,
+            "dynamic_config_source": self.dynamic_config_source,
             "pto_kernels_path": self.pto_kernels_path,
             "allow_modified": self.allow_modified,
             "modified_files": list(self.modified_files),
@@ -301,6 +303,7 @@ class BenchResult(Verdict):
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     kernel_backend: str = "auto"
+    dynamic_config_source: dict[str, Any] | None = None  # with --use_dynamic_config: tuning or table, why
     options: dict[str, Any] = field(default_factory=dict)
     other_patchers: list[OtherPatcher] = field(default_factory=list)
 
@@ -366,6 +369,7 @@ class BenchResult(Verdict):
             warnings=list(self.warnings),
             files=list(self.files),
             kernel_backend=self.kernel_backend,
+            dynamic_config_source=self.dynamic_config_source,
             options=dict(self.options),
         )
         return doc
@@ -414,4 +418,51 @@ class DemoResult:
             "modules_cache": self.modules_cache,
             "notes": list(self.notes),
             "timing_note": DEMO_TIMING_NOTE,
+        }
+
+
+# --- tune -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class TuneResult(Verdict):
+    """What tune measured and chose per batch; `batches` are the tuning file's entries."""
+
+    model_path: str
+    device: str
+    dtype: str
+    versions: dict[str, str]
+    budget_s: float
+    load_s: float
+    duration_s: float = 0.0
+    input: dict[str, Any] = field(default_factory=dict)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    header: dict[str, Any] = field(default_factory=dict)
+    tuning_file: str | None = None
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "command": "tune",
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "warnings": list(self.warnings),
+            "model_path": self.model_path,
+            "device": self.device,
+            "device_name": (self.header.get("device") or {}).get("name"),
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "input": dict(self.input),
+            "budget_s": self.budget_s,
+            "duration_s": round(self.duration_s, 1),
+            "within_budget": self.duration_s <= self.budget_s,
+            "load_s": round(self.load_s, 3),
+            "probes": list(self.probes),
+            "batches": list(self.batches),
+            "tuning_file": self.tuning_file,
+            "options": dict(self.options),
         }

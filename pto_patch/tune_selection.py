@@ -299,8 +299,7 @@ class BatchDecision:
 
 def decide_batch(
     batch: int,
-    ops: Sequence[str],
-    backends: Sequence[str],
+    alone: Sequence[Candidate],
     run_once: RunOnce,
     rules: Rules,
     *,
@@ -308,8 +307,9 @@ def decide_batch(
     clock: Clock = time.perf_counter,
     on_run: Callable[[Candidate], None] | None = None,
 ) -> BatchDecision:
-    """Each op alone on each backend; then, time allowing, the combinations of the ops that won alone."""
-    first = measure(singles(ops, backends), run_once, rules, deadline=deadline, clock=clock, on_run=on_run)
+    """`alone` (each op on one backend, see `singles`); then, time allowing, the combinations of the ops
+    that measured faster alone."""
+    first = measure(alone, run_once, rules, deadline=deadline, clock=clock, on_run=on_run)
     tried = [entry for candidate, entry in first.items() if not candidate.is_baseline]
     stages = 1
     combos = combinations(first)
@@ -318,9 +318,3 @@ def decide_batch(
         tried += [entry for candidate, entry in second.items() if not candidate.is_baseline]
         stages = 2
     return BatchDecision(batch, choose(tried), first[BASELINE], tried, stages)
-
-
-def runs_planned(ops: Sequence[str], backends: Sequence[str], rules: Rules) -> int:
-    """Runs the first stage takes at most (for a progress bar); combinations add to it when they run."""
-    candidates = len(ops) * len(backends) + 1
-    return candidates * (rules.warmup + rules.max_rounds)

@@ -73,6 +73,7 @@ def verify_report(report, *, as_json: bool) -> None:
     if doc["compile"]:
         out.print(f"  compiled: {doc['compile']}")
     if doc["dynamic_config"]:
+        _dynamic_source(doc.get("dynamic_config_source"))
         _dynamic_table(doc["dynamic_config"])
     _timing_table(doc)
     if doc["pto"] is not None:
@@ -106,6 +107,11 @@ def _other_patchers(patchers: list[dict[str, Any]]) -> None:
         verdict = "bypass the guard" if bypasses else "still reach the guard"
         parts.append(f"{op}: {len(found)} module(s) {verdict}, first {first['module']} ({first['how']})")
     out.print("  other patchers: " + "; ".join(parts), markup=False, highlight=False)
+
+
+def _dynamic_source(source: dict[str, Any] | None) -> None:
+    if source:
+        out.print(f"  --use_dynamic_config from the {source['source']}: {source['reason']}", markup=False)
 
 
 def _dynamic_table(rows: list[dict[str, Any]]) -> None:
@@ -198,12 +204,14 @@ def bench_result(result, *, as_json: bool) -> None:
         f"/ {floor['copy_bandwidth_gb_s']:.2f} GB/s copy bandwidth = {floor['floor_ms']:.2f} ms"
     )
     out.print(f"  peak memory: {doc['peak_memory_source']}")
+    _dynamic_source(doc.get("dynamic_config_source"))
     for run in doc["runs"]:
         if run.get("switched_on") is not None:
             ops = ", ".join(run["switched_on"]) or "none"
             out.print(f"  batch {run['batch']}: switched on {ops}")
         for row in run.get("dynamic_config") or ():
-            out.print(f"    {row['op']}: {'on' if row['enabled'] else 'off'} ({row['reason']})")
+            on = f"on ({row['backend']})" if row.get("backend") else ("on" if row["enabled"] else "off")
+            out.print(f"    {row['op']}: {on} ({row['reason']})", markup=False)
     for path in doc["files"]:
         out.print(f"  wrote {path}")
     _messages(doc["failures"], doc["warnings"])

@@ -151,7 +151,10 @@ def test_combinations_come_from_the_ops_that_won_alone():
     speeds = {ts.BASELINE: 10.0, RMS: 11.0, MLP: 11.0, BOTH: 12.5}
     speeds[ts.Candidate.of({"mrope": "fused"})] = 9.0
     decision = ts.decide_batch(
-        4, ["rms_norm", "mrope", "swiglu_mlp"], ["fused"], table_runner(speeds), ts.Rules(warmup=0)
+        4,
+        ts.singles(["rms_norm", "mrope", "swiglu_mlp"], ["fused"]),
+        table_runner(speeds),
+        ts.Rules(warmup=0),
     )
     assert decision.stages == 2
     assert decision.chosen_ops == {"rms_norm": "fused", "swiglu_mlp": "fused"}
@@ -205,7 +208,8 @@ def _tune_with_sleeps(monkeypatch, eager_s, kernel_s):
         return _model_step(eager_s)
 
     try:
-        return ts.decide_batch(1, ["rms_norm", "mrope", "swiglu_mlp"], ["fused"], run_once, ts.Rules())
+        alone = ts.singles(["rms_norm", "mrope", "swiglu_mlp"], ["fused"])
+        return ts.decide_batch(1, alone, run_once, ts.Rules())
     finally:
         pto_kernels.disable()
         pto_kernels.enable((), backend="auto")

@@ -189,10 +189,19 @@ def bind(entry: str, requested: str) -> Callable:
     return _runner(entry, resolve("auto", "cpu"), elsewhere)
 
 
+_NO_KERNELS = {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0}
+
+
 def stats() -> dict[str, dict]:
-    return {op: s.as_dict() for op, s in _STATS.items()}
+    """Per op: calls, backends, fallbacks, and `pypto_kernels` (built, compiles, cache hits, held)."""
+    kernels = _modules["pypto"].kernel_stats() if "pypto" in _modules else {}
+    return {
+        op: s.as_dict() | {"pypto_kernels": kernels.get(op, dict(_NO_KERNELS))} for op, s in _STATS.items()
+    }
 
 
 def reset_stats() -> None:
     for op_stats in _STATS.values():
         op_stats.clear()
+    if "pypto" in _modules:
+        _modules["pypto"].reset_kernel_stats()

@@ -4,9 +4,13 @@ On an Ascend NPU the kernels run in PyPTO's NPU mode. On the CPU, PyPTO's SIM mo
 so CPU tensors go through PyPTO's verify interpreter instead (slow: for correctness checks, never for
 generation); see `use_cpu_interpreter`.
 
-Compiled kernels are cached by (shape, dtype, parameters, device type) and never rebuilt per call. MLP
-weights are used in nn.Linear layout (matmul with b_trans=True) and prepared once per module; they are
-prepared again only when a weight tensor changes (data pointer, version counter, shape or dtype).
+Each kernel loops over its row axis (tokens, or batch x positions for MRoPE) in tiles and that axis is
+dynamic, so one compiled kernel serves every prompt length and batch size of a given width and dtype.
+Tilings come from tile_table.TILE_TABLE, one per shape class (decode, prefill). Compiled kernels live in
+a bounded LRU cache (`KERNEL_CACHE_SIZE`); `kernel_stats()` counts per op the kernels built, the times
+pypto compiled them and the cache hits. MLP weights are used in nn.Linear layout (matmul with
+b_trans=True) and prepared once per module; they are prepared again only when a weight tensor changes
+(data pointer, version counter, shape or dtype).
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
@@ -17,15 +21,19 @@ import importlib.metadata
 import os
 import tempfile
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
+from .tile_table import TileConfig, tile_config
+
 CACHE_ENV = "PTO_KERNELS_CACHE_DIR"
 _TORCH_TO_PYPTO = {torch.float32: "DT_FP32", torch.float16: "DT_FP16", torch.bfloat16: "DT_BF16"}
 
-_kernels: dict[tuple, object] = {}
-kernel_builds = 0  # kernels compiled in this process (a test checks that repeat calls add none)
+# Compiled kernels kept per process. A model uses about 2 per (op, width, dtype): RMSNorm at two widths
+# (text and vision), MRoPE with unmixed or mixed tables, the MLP: about 12, so 32 leaves room.
+KERNEL_CACHE_SIZE = 32
 # Tests set this: outputs start as NaN, so an element the kernel never writes cannot pass as correct.
 POISON_OUTPUTS = False
 
@@ -116,28 +124,95 @@ def use_cpu_interpreter() -> None:
     _interpreter_ready = True
 
 
-def _jit(device_type: str):
+def _jit(device_type: str, config: TileConfig):
     pypto = _pypto()
+    options = {"pass_options": config.pass_options()}
     if device_type == "npu":
-        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.NPU})
+        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.NPU}, **options)
     if device_type == "sim":  # cost model only: a cycle report under TILE_FWK_OUTPUT_DIR, outputs unwritten
-        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM})
+        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM}, **options)
     if device_type != "cpu":
         raise RuntimeError(f"pypto kernels run on npu (or cpu through the interpreter), not {device_type}")
     use_cpu_interpreter()
     return pypto.frontend.jit(
-        runtime_options={"run_mode": pypto.RunMode.SIM}, verify_options={"enable_pass_verify": True}
+        runtime_options={"run_mode": pypto.RunMode.SIM},
+        verify_options={"enable_pass_verify": True},
+        **options,
     )
 
 
-def _cached(key: tuple, build):
-    kernel = _kernels.get(key)
-    if kernel is None:
-        global kernel_builds
+class KernelCache:
+    """Compiled kernels by key (the op first), least recently used dropped past `capacity`.
+
+    Counts per op: `built` (kernels made), `compiles` (times pypto compiled one: pypto 0.2 compiles on
+    every SIM/interpreter call), `cache_hits`, `evicted`; `cached` is how many are held now.
+    """
+
+    def __init__(self, capacity: int = KERNEL_CACHE_SIZE) -> None:
+        self.capacity = capacity
+        self._kernels: OrderedDict[tuple, object] = OrderedDict()
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def _count(self, op: str) -> dict[str, int]:
+        return self._counts.setdefault(op, {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0})
+
+    def get(self, key: tuple, build):
+        op = key[0]
+        kernel = self._kernels.get(key)
+        if kernel is not None:
+            self._kernels.move_to_end(key)
+            self._count(op)["cache_hits"] += 1
+            return kernel
         kernel = build()
-        _kernels[key] = kernel
-        kernel_builds += 1
-    return kernel
+        self._count_compiles(kernel, op)
+        self._kernels[key] = kernel
+        self._count(op)["built"] += 1
+        while len(self._kernels) > self.capacity:
+            evicted, _ = self._kernels.popitem(last=False)
+            self._count(evicted[0])["evicted"] += 1
+        return kernel
+
+    def _count_compiles(self, kernel, op: str) -> None:
+        compile_once = kernel.compile
+
+        def compile_counted(*args, **kwargs):
+            self._count(op)["compiles"] += 1
+            return compile_once(*args, **kwargs)
+
+        kernel.compile = compile_counted  # the jit wrapper calls self.compile before each run
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        held: dict[str, int] = {}
+        for key in self._kernels:
+            held[key[0]] = held.get(key[0], 0) + 1
+        ops = set(self._counts) | set(held)
+        return {op: dict(self._count(op), cached=held.get(op, 0)) for op in sorted(ops)}
+
+    def reset_counts(self) -> None:
+        self._counts.clear()
+
+    def clear(self) -> None:
+        self._kernels.clear()
+
+
+KERNELS = KernelCache()
+
+
+def kernel_stats() -> dict[str, dict[str, int]]:
+    """Per op: kernels built, pypto compiles, cache hits, evictions and kernels held (since reset)."""
+    return KERNELS.stats()
+
+
+def reset_kernel_stats() -> None:
+    KERNELS.reset_counts()
+
+
+def _row_axis(config: TileConfig, rows: int, name: str = "rows"):
+    return rows if config.static else _pypto().frontend.dynamic(name)
+
+
+def _kernel_key(op: str, config: TileConfig, rows: int, *rest) -> tuple:
+    return (op, rows if config.static else "dynamic", config, *rest)
 
 
 @contextlib.contextmanager
@@ -163,23 +238,35 @@ def _quiet_stdout(device_type: str):
 # --- RMSNorm -----------------------------------------------------------------------------------------
 
 
-def _build_rms_norm(rows: int, hidden: int, dtype: torch.dtype, eps: float, device_type: str):
+def _build_rms_norm(
+    rows: int, hidden: int, dtype: torch.dtype, eps: float, config: TileConfig, device_type: str
+):
     pypto = _pypto()
-    dt = _dtype(dtype)
-    fp32 = pypto.DT_FP32
-    row_tile = min(rows, 8)
+    dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    rows_axis = _row_axis(config, rows)
+    tile = config.row_tile
+    inv_hidden = 1.0 / hidden
 
-    @_jit(device_type)
+    @_jit(device_type, config)
     def rms_norm_kernel(
-        x: pypto.Tensor((rows, hidden), dt),
-        weight: pypto.Tensor((1, hidden), dt),
-        out: pypto.Tensor((rows, hidden), dt),
+        x: pypto.Tensor([rows_axis, hidden], dt),
+        weight: pypto.Tensor([1, hidden], dt),
+        out: pypto.Tensor([rows_axis, hidden], dt),
     ):
-        pypto.set_vec_tile_shapes(row_tile, hidden)
-        normed = pypto.rms_norm(pypto.cast(x, fp32), None, eps)
-        # like transformers: normalise in fp32, round to the input dtype, then scale by the weight
-        rounded = pypto.cast(pypto.cast(normed, dt), fp32)
-        out[:] = pypto.cast(pypto.mul(rounded, pypto.cast(weight, fp32)), dt)
+        pypto.set_vec_tile_shapes(tile, hidden)
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            # the weight is cast inside the loop: outside it becomes a task of its own (~1 us more at decode)
+            w = pypto.cast(weight, fp32)
+            xt = pypto.cast(pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden]), fp32)
+            # written out: pypto.rms_norm fails on a partial tail tile
+            mean_square = pypto.mul(pypto.sum(pypto.mul(xt, xt), -1, True), inv_hidden)
+            normed = pypto.mul(xt, pypto.rsqrt(pypto.add(mean_square, eps)))
+            # like transformers: normalise in fp32, round to the input dtype, then scale by the weight
+            rounded = pypto.cast(pypto.cast(normed, dt), fp32)
+            pypto.assemble(pypto.cast(pypto.mul(rounded, w), dt), [start, 0], out)
 
     return rms_norm_kernel
 
@@ -189,9 +276,10 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
     out_dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
     x = hidden_states.reshape(-1, hidden).contiguous()
     w = weight.to(x.dtype).reshape(1, hidden).contiguous()
-    device_type = x.device.type
-    key = ("rms_norm", x.shape[0], hidden, x.dtype, float(eps), device_type)
-    kernel = _cached(key, lambda: _build_rms_norm(x.shape[0], hidden, x.dtype, float(eps), device_type))
+    rows, device_type = x.shape[0], x.device.type
+    _, config = tile_config("rms_norm", rows, hidden)
+    key = _kernel_key("rms_norm", config, rows, hidden, x.dtype, float(eps), device_type)
+    kernel = KERNELS.get(key, lambda: _build_rms_norm(rows, hidden, x.dtype, float(eps), config, device_type))
     out = _new_output(x)
     with _quiet_stdout(device_type):
         kernel(x, w, out)
@@ -201,135 +289,175 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
 # --- MRoPE -------------------------------------------------------------------------------------------
 
 
-def _build_mrope(batch, q_heads, k_heads, seq, dim, dtype, table_dtype, sections, mixed, device_type):
-    """q/k flattened to [b*h*s, d]; cos/sin [3*b*s, d] (unmixed, mixed in-kernel) or [b*s, d] (mixed)."""
+def _build_mrope(rows, q_heads, k_heads, dim, dtype, table_dtype, sections, mixed, config, device_type):
+    """Rows are (batch, position) pairs: q [rows, q_heads*dim], k [rows, k_heads*dim] (heads side by side),
+    cos/sin [rows, dim] (mixed) or [3*rows, dim] (the t, h, w streams stacked, mixed in-kernel)."""
     pypto = _pypto()
     dt, tdt, fp32 = _dtype(dtype), _dtype(table_dtype), pypto.DT_FP32
-    half = dim // 2
-    table_rows = batch * seq if mixed else 3 * batch * seq
-    # (table, column offset, width) of each chunk of the doubled section list: chunk i comes from table i % 3
-    chunk_rows, chunk_cols, chunk_widths, offset = [], [], [], 0
+    rows_axis = _row_axis(config, rows)
+    table_axis = _row_axis(config, rows if mixed else 3 * rows, "table_rows")
+    tile, half = config.row_tile, dim // 2
+    # (stream, column offset, width) of each chunk of the doubled section list: chunk i reads stream i % 3
+    chunk_streams, chunk_cols, chunk_widths, offset = [], [], [], 0
     for i, width in enumerate(list(sections) * 2):
-        chunk_rows.append((i % 3) * batch * seq)
+        chunk_streams.append(i % 3)
         chunk_cols.append(offset)
         chunk_widths.append(width)
         offset += width
     n_chunks = len(chunk_widths)
 
-    @_jit(device_type)
+    @_jit(device_type, config)
     def mrope_kernel(
-        q: pypto.Tensor((batch * q_heads * seq, dim), dt),
-        k: pypto.Tensor((batch * k_heads * seq, dim), dt),
-        cos: pypto.Tensor((table_rows, dim), tdt),
-        sin: pypto.Tensor((table_rows, dim), tdt),
-        q_out: pypto.Tensor((batch * q_heads * seq, dim), dt),
-        k_out: pypto.Tensor((batch * k_heads * seq, dim), dt),
+        q: pypto.Tensor([rows_axis, q_heads * dim], dt),
+        k: pypto.Tensor([rows_axis, k_heads * dim], dt),
+        cos: pypto.Tensor([table_axis, dim], tdt),
+        sin: pypto.Tensor([table_axis, dim], tdt),
+        q_out: pypto.Tensor([rows_axis, q_heads * dim], dt),
+        k_out: pypto.Tensor([rows_axis, k_heads * dim], dt),
     ):
-        pypto.set_vec_tile_shapes(min(seq, 16), dim)
-        for b in range(batch):
+        pypto.set_vec_tile_shapes(tile, dim)
+        n_rows = q.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
             if mixed:
-                cos_b = pypto.cast(pypto.view(cos, [seq, dim], [b * seq, 0]), fp32)
-                sin_b = pypto.cast(pypto.view(sin, [seq, dim], [b * seq, 0]), fp32)
+                cos_t = pypto.cast(pypto.view(cos, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
+                sin_t = pypto.cast(pypto.view(sin, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
             else:
                 # section mixing in-kernel (no comprehensions: the pypto parser does not scope them)
                 cos_parts = []
                 sin_parts = []
                 for c in range(n_chunks):
-                    start, width = [chunk_rows[c] + b * seq, chunk_cols[c]], chunk_widths[c]
-                    cos_parts.append(pypto.view(cos, [seq, width], start))
-                    sin_parts.append(pypto.view(sin, [seq, width], start))
-                cos_b = pypto.cast(pypto.concat(cos_parts, 1), fp32)
-                sin_b = pypto.cast(pypto.concat(sin_parts, 1), fp32)
-            # rotate_half(x) * sin == concat(x2, x1) * concat(-sin1, sin2)
-            signed_sin = pypto.concat(
-                [
-                    pypto.neg(pypto.view(sin_b, [seq, half], [0, 0])),
-                    pypto.view(sin_b, [seq, half], [0, half]),
-                ],
-                1,
-            )
+                    at = [chunk_streams[c] * n_rows + start, chunk_cols[c]]
+                    part = [tile, chunk_widths[c]]
+                    cos_parts.append(pypto.view(cos, part, at, valid_shape=[valid, chunk_widths[c]]))
+                    sin_parts.append(pypto.view(sin, part, at, valid_shape=[valid, chunk_widths[c]]))
+                # concat drops the parts' valid shape: view the result again with it
+                cos_t = pypto.cast(
+                    pypto.view(pypto.concat(cos_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
+                    fp32,
+                )
+                sin_t = pypto.cast(
+                    pypto.view(pypto.concat(sin_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
+                    fp32,
+                )
+            # rotate_half: out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2, per half (no concat, which
+            # would drop the tail tile's valid shape)
+            cos1 = pypto.view(cos_t, [tile, half], [0, 0], valid_shape=[valid, half])
+            cos2 = pypto.view(cos_t, [tile, half], [0, half], valid_shape=[valid, half])
+            sin1 = pypto.view(sin_t, [tile, half], [0, 0], valid_shape=[valid, half])
+            sin2 = pypto.view(sin_t, [tile, half], [0, half], valid_shape=[valid, half])
             for h in range(q_heads):
-                row = (b * q_heads + h) * seq
-                x = pypto.cast(pypto.view(q, [seq, dim], [row, 0]), fp32)
-                swapped = pypto.concat(
-                    [pypto.view(x, [seq, half], [0, half]), pypto.view(x, [seq, half], [0, 0])], 1
+                x1 = pypto.cast(
+                    pypto.view(q, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
                 )
-                q_out[row : row + seq, :] = pypto.cast(
-                    pypto.add(pypto.mul(x, cos_b), pypto.mul(swapped, signed_sin)), dt
+                x2 = pypto.cast(
+                    pypto.view(q, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
                 )
+                out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
+                out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
+                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], q_out)
+                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], q_out)
             for h in range(k_heads):
-                row = (b * k_heads + h) * seq
-                x = pypto.cast(pypto.view(k, [seq, dim], [row, 0]), fp32)
-                swapped = pypto.concat(
-                    [pypto.view(x, [seq, half], [0, half]), pypto.view(x, [seq, half], [0, 0])], 1
+                x1 = pypto.cast(
+                    pypto.view(k, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
                 )
-                k_out[row : row + seq, :] = pypto.cast(
-                    pypto.add(pypto.mul(x, cos_b), pypto.mul(swapped, signed_sin)), dt
+                x2 = pypto.cast(
+                    pypto.view(k, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
                 )
+                out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
+                out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
+                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], k_out)
+                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], k_out)
 
     return mrope_kernel
 
 
 def _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed):
-    if unsqueeze_dim != 1 or q.dim() != 4:
+    if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4:
         raise ValueError("pypto MRoPE kernel takes q/k as [b, heads, s, d] with unsqueeze_dim=1")
     batch, q_heads, seq, dim = q.shape
     k_heads = k.shape[1]
     if q.dtype != k.dtype:
         raise TypeError(f"pypto MRoPE kernel needs q and k of one dtype, got {q.dtype} and {k.dtype}")
-    device_type = q.device.type
-    key = ("mrope", batch, q_heads, k_heads, seq, dim, q.dtype, cos.dtype, sections, mixed, device_type)
-    kernel = _cached(
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
+        raise ValueError(f"pypto MRoPE kernel: k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    rows, device_type = batch * seq, q.device.type
+    _, config = tile_config("mrope", rows, dim)
+    key = _kernel_key(
+        "mrope", config, rows, q_heads, k_heads, dim, q.dtype, cos.dtype, sections, mixed, device_type
+    )
+    kernel = KERNELS.get(
         key,
         lambda: _build_mrope(
-            batch, q_heads, k_heads, seq, dim, q.dtype, cos.dtype, sections, mixed, device_type
+            rows, q_heads, k_heads, dim, q.dtype, cos.dtype, sections, mixed, config, device_type
         ),
     )
-    q2, k2 = q.contiguous().reshape(-1, dim), k.contiguous().reshape(-1, dim)
+    # [b, h, s, d] -> [b*s, h*d]: no copy when q/k are the transposed [b, s, h, d] projections they are
+    q2 = q.transpose(1, 2).contiguous().reshape(rows, q_heads * dim)
+    k2 = k.transpose(1, 2).contiguous().reshape(rows, k_heads * dim)
     cos2, sin2 = cos.contiguous().reshape(-1, dim), sin.contiguous().reshape(-1, dim)
     q_out, k_out = _new_output(q2), _new_output(k2)
     with _quiet_stdout(device_type):
         kernel(q2, k2, cos2, sin2, q_out, k_out)
-    return q_out.reshape(q.shape), k_out.reshape(k.shape)
+    return (
+        q_out.reshape(batch, seq, q_heads, dim).transpose(1, 2),
+        k_out.reshape(batch, seq, k_heads, dim).transpose(1, 2),
+    )
 
 
 def mrope(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
     sections = tuple(int(s) for s in mrope_section)
-    if sum(sections) * 2 != q.shape[-1] or cos.shape[0] != 3:
+    expected = (3, q.shape[0], q.shape[2], q.shape[3]) if q.dim() == 4 else None
+    if sum(sections) * 2 != q.shape[-1] or tuple(cos.shape) != expected or cos.shape != sin.shape:
         raise ValueError(
-            f"mrope_section {list(sections)} does not fit head_dim {q.shape[-1]} / cos {tuple(cos.shape)}"
+            f"mrope_section {list(sections)} / cos {tuple(cos.shape)} do not fit q {tuple(q.shape)}"
         )
     return _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed=False)
 
 
 def mrope_mixed(q, k, cos, sin, unsqueeze_dim: int = 1):
+    expected = (q.shape[0], q.shape[2], q.shape[3]) if q.dim() == 4 else None
+    if tuple(cos.shape) != expected or cos.shape != sin.shape:
+        raise ValueError(f"pypto MRoPE kernel: cos {tuple(cos.shape)} does not fit q {tuple(q.shape)}")
     return _rotary(q, k, cos, sin, (), unsqueeze_dim, mixed=True)
 
 
 # --- SwiGLU MLP --------------------------------------------------------------------------------------
 
 
-def _build_swiglu_mlp(tokens, hidden, inter, dtype, device_type):
+def _build_swiglu_mlp(tokens, hidden, inter, dtype, config, device_type):
     pypto = _pypto()
     dt, fp32 = _dtype(dtype), pypto.DT_FP32
-    m_tile = 16 if tokens <= 16 else 32
-    col_tile = min(inter, 512)
+    rows_axis = _row_axis(config, tokens)
+    tile, m = config.row_tile, config.cube_m
+    k_tiles, n_tiles = list(config.cube_k), list(config.cube_n)
+    down_k = list(config.down_cube_k or config.cube_k)
+    down_n = list(config.down_cube_n or config.cube_n)
+    act_cols = min(inter, config.act_cols)
 
-    @_jit(device_type)
+    @_jit(device_type, config)
     def swiglu_mlp_kernel(
-        x: pypto.Tensor((tokens, hidden), dt),
-        gate_w: pypto.Tensor((inter, hidden), dt),
-        up_w: pypto.Tensor((inter, hidden), dt),
-        down_w: pypto.Tensor((hidden, inter), dt),
-        out: pypto.Tensor((tokens, hidden), dt),
+        x: pypto.Tensor([rows_axis, hidden], dt),
+        gate_w: pypto.Tensor([inter, hidden], dt),
+        up_w: pypto.Tensor([inter, hidden], dt),
+        down_w: pypto.Tensor([hidden, inter], dt),
+        out: pypto.Tensor([rows_axis, hidden], dt),
     ):
-        pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [64, 256])
-        gate = pypto.matmul(x, gate_w, fp32, b_trans=True)
-        up = pypto.matmul(x, up_w, fp32, b_trans=True)
-        pypto.set_vec_tile_shapes(min(tokens, 16), col_tile)
-        act = pypto.cast(pypto.mul(pypto.mul(gate, pypto.sigmoid(gate)), up), dt)
-        pypto.set_cube_tile_shapes([m_tile, m_tile], [64, 256], [64, 256])
-        out[:] = pypto.matmul(act, down_w, dt, b_trans=True)
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            pypto.set_cube_tile_shapes([m, m], k_tiles, n_tiles)
+            gate = pypto.matmul(xt, gate_w, fp32, b_trans=True)
+            up = pypto.matmul(xt, up_w, fp32, b_trans=True)
+            pypto.set_vec_tile_shapes(tile, act_cols)
+            # silu(g) = g / (1 + exp(-g)), written out: pypto.sigmoid drops a tail tile's valid shape
+            silu = pypto.div(gate, pypto.add(pypto.exp(pypto.neg(gate)), 1.0))
+            act = pypto.cast(pypto.mul(silu, up), dt)
+            pypto.set_cube_tile_shapes([m, m], down_k, down_n)
+            pypto.assemble(pypto.matmul(act, down_w, dt, b_trans=True), [start, 0], out)
 
     return swiglu_mlp_kernel
 
@@ -374,8 +502,9 @@ def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     gate_w, up_w, down_w = WEIGHT_LAYOUTS.get(mlp_module, x.dtype)
     tokens, inter = x.shape[0], gate_w.shape[0]
     device_type = x.device.type
-    key = ("swiglu_mlp", tokens, hidden, inter, x.dtype, device_type)
-    kernel = _cached(key, lambda: _build_swiglu_mlp(tokens, hidden, inter, x.dtype, device_type))
+    _, config = tile_config("swiglu_mlp", tokens, hidden)
+    key = _kernel_key("swiglu_mlp", config, tokens, hidden, inter, x.dtype, device_type)
+    kernel = KERNELS.get(key, lambda: _build_swiglu_mlp(tokens, hidden, inter, x.dtype, config, device_type))
     out = _new_output(x)
     with _quiet_stdout(device_type):
         kernel(x, gate_w, up_w, down_w, out)

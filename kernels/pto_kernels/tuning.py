@@ -100,6 +100,7 @@ class BatchChoice:
     batch: int
     ops: dict[str, str] = field(default_factory=dict)
     requested_batch: int | None = None  # the batch size asked for, where it was not tuned itself
+    decided: str | None = None  # how tune decided, e.g. "nothing measured faster"
 
     def describe(self) -> str:
         chosen = ", ".join(f"{op}={backend}" for op, backend in self.ops.items()) or "nothing on"
@@ -115,6 +116,7 @@ class Tuning:
     ops_patched: tuple[str, ...]
     batches: tuple[BatchChoice, ...]
     source: str = "<dict>"
+    header: dict[str, Any] = field(default_factory=dict)  # the whole header, as written
 
     def mismatch(self, here: Mapping[str, Any]) -> str | None:
         """Why this tuning does not apply `here` (an `environment()`), in one line; None if it does."""
@@ -144,7 +146,7 @@ class Tuning:
         choice = below[-1] if below else tuned[0]
         if choice.batch == batch_size:
             return choice
-        return BatchChoice(choice.batch, dict(choice.ops), requested_batch=batch_size)
+        return BatchChoice(choice.batch, dict(choice.ops), batch_size, choice.decided)
 
 
 def _read(source: str | Path | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
@@ -177,7 +179,10 @@ def load(source: str | Path | Mapping[str, Any]) -> Tuning:
             for op, backend in ops.items():
                 if op not in OPS or backend not in BACKENDS:
                     raise TuningError(f"{where}: batch {entry['batch']} chooses unknown {op}={backend}")
-            batches.append(BatchChoice(int(entry["batch"]), ops))
+            decided = entry.get("decided")
+            batches.append(
+                BatchChoice(int(entry["batch"]), ops, decided=None if decided is None else str(decided))
+            )
         if not batches:
             raise TuningError(f"{where} holds no tuned batch size")
         return Tuning(
@@ -187,6 +192,7 @@ def load(source: str | Path | Mapping[str, Any]) -> Tuning:
             ops_patched=tuple(header["ops_patched"]),
             batches=tuple(batches),
             source=where,
+            header=dict(header),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, TuningError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import libcst as cst
@@ -25,8 +26,11 @@ class PatchContext:
     release: str = "unknown"
     tool_version: str = __version__
     source_sha256: str | None = None
+    source_folder: Path | None = None  # set when the file is the model folder's own, not transformers'
 
     def where(self, file_name: str) -> str:
+        if self.source_folder is not None:
+            return f"{file_name} in {self.source_folder}"
         return f"{file_name} of transformers {self.release}"
 
 

@@ -51,22 +51,65 @@ def dynamic_choice(batch: int, available: tuple[str, ...]) -> list[dict[str, Any
     return rows
 
 
+def tuned_choice(tuning, batch: int, available: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A tuning's choice for `batch` (from `pto-patch tune`), as the same rows as the reference table's,
+    each switched-on row with the backend tune measured it on."""
+    choice = tuning.for_batch(batch)
+    tuned_at = f"tuned at batch {choice.batch}" if choice.batch != batch else "tuned"
+    rows = []
+    for op in OPS:
+        backend = choice.ops.get(op)
+        if backend is None:
+            why = (
+                (choice.decided or "not measured faster")
+                if op in available
+                else "not patched into this folder"
+            )
+        elif op not in available:
+            why = f"measured faster on {backend}, but not patched into this folder (or left out by --ops)"
+        else:
+            why = f"measured faster on {backend}"
+        row = {
+            "op": op,
+            "enabled": backend is not None and op in available,
+            "reason": f"batch {batch}: {tuned_at}: {why}",
+        }
+        if row["enabled"]:
+            row["backend"] = backend
+        rows.append(row)
+    return rows
+
+
 def choose_ops(
-    options_ops: str | None, spec: ModelSpec, state: FolderState, batch: int, use_dynamic_config: bool
+    options_ops: str | None,
+    spec: ModelSpec,
+    state: FolderState,
+    batch: int,
+    use_dynamic_config: bool,
+    tuning=None,
 ) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
-    """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch."""
+    """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch,
+    by `tuning` (the folder's, where it applies here) or else by the reference table."""
     if options_ops is not None:
         ops = parse_ops(options_ops, spec)
     else:
         ops = state.patched_ops or parse_ops(None, spec)
     if not use_dynamic_config:
         return ops, None
-    table = dynamic_choice(batch, ops)
+    table = tuned_choice(tuning, batch, ops) if tuning is not None else dynamic_choice(batch, ops)
     return tuple(op for op in OPS if any(row["op"] == op and row["enabled"] for row in table)), table
 
 
-def set_switches(kernels, ops: tuple[str, ...], backend: str) -> None:
-    """Switch exactly `ops` on (on `backend`) and every other op off."""
+def backend_for(table: list[dict[str, Any]] | None, requested: str | None) -> str | dict[str, str]:
+    """--kernel-backend where given; else the backend per op a tuning chose; else the default name."""
+    tuned = {row["op"]: row["backend"] for row in table or () if row.get("backend")}
+    if requested is None and tuned:
+        return tuned
+    return kernel_backend_name(requested)
+
+
+def set_switches(kernels, ops: tuple[str, ...], backend: str | dict[str, str]) -> None:
+    """Switch exactly `ops` on (on `backend`, or one backend per op) and every other op off."""
     if ops:
         kernels.enable(ops=ops, backend=backend)
     else:

@@ -41,6 +41,20 @@ class RunOptions:
         return {key: (str(value) if isinstance(value, Path) else value) for key, value in data.items()}
 
 
+def parse_batches(text: str) -> tuple[int, ...]:
+    try:
+        batches = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        batches = ()
+    if not batches or any(batch < 1 for batch in batches):
+        raise PtoPatchError(
+            f"--batches '{text}' is not a list of batch sizes",
+            "pass comma-separated positive integers, e.g. --batches 1,4,8",
+            exit_code=EXIT_USAGE,
+        )
+    return batches
+
+
 def check_counts(warmup: int, iters: int, batch: int, output_length: int) -> None:
     if warmup < 0:
         raise PtoPatchError(

@@ -19,9 +19,10 @@ from pto_patch.run.folder import module_dir
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import apply_compile, versions
-from pto_patch.run.ops import choose_ops, kernel_backend_name, op_failures, op_reports, set_switches
+from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions
 from pto_patch.run.start import start_run
+from pto_patch.tuning_file import describe_backend, lookup_for_run
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,21 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     compile_note = apply_compile(loaded.model, options, warnings)
     inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(inputs, options.batch, device)
-    kernel_backend = kernel_backend_name(options.kernel_backend)
 
     switched_on: tuple[str, ...] = ()
-    table = None
+    table = lookup = None
     if options.use_pto:
+        if options.use_dynamic_config:
+            lookup = lookup_for_run(loaded, warnings)
         switched_on, table = choose_ops(
-            options.ops, spec, loaded.state, options.batch, options.use_dynamic_config
+            options.ops,
+            spec,
+            loaded.state,
+            options.batch,
+            options.use_dynamic_config,
+            tuning=lookup.tuning if lookup else None,
         )
+    kernel_backend = backend_for(table, options.kernel_backend)
 
     # The accuracy runs: switches off, then on, on the same inputs; then the timed runs of both modes.
     kernels = loaded.kernels
@@ -110,8 +118,9 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         warnings=warnings,
         patched_ops=list(loaded.state.patched_ops),
         switched_on=list(switched_on),
-        kernel_backend=kernel_backend if options.use_pto else None,
+        kernel_backend=describe_backend(kernel_backend) if options.use_pto else None,
         dynamic_config=table,
+        dynamic_config_source=lookup.to_json() if lookup else None,
         pto_kernels_path=str(module_dir(loaded.kernels)) if loaded.kernels is not None else None,
         modified_files=list(loaded.state.modified_files),
         allow_modified=options.allow_modified,

@@ -138,3 +138,42 @@ def check_close(actual, expected: torch.Tensor, dtype: torch.dtype, what: str = 
             f"{actual[worst].item():.6g} vs {expected[worst].item():.6g}"
         )
     return SimpleNamespace(rel_err=err, tol=tol)
+
+
+# --- one golden case per entry of the kernels' tile table --------------------------------------------
+
+# Widths for entries that name none. The tiles are the entry's own; RMSNorm and MRoPE keep GutenOCR's
+# row width (2048, head_dim 128; MRoPE with 2 + 1 heads), the MLP runs at 256 -> 512 (its full 2048 ->
+# 11008 is too slow for the interpreter; every cube tile still fits).
+TABLE_WIDTHS = {"rms_norm": 2048, "mrope": 128, "swiglu_mlp": 256}
+TABLE_MLP_INTERMEDIATE = 512
+
+
+def table_cases() -> list[dict]:
+    """A case per TILE_TABLE entry whose row count falls in the entry's class, with a partial last tile."""
+    from pto_kernels.tile_table import DECODE_MAX_ROWS, TILE_TABLE
+
+    cases = []
+    for seed, ((op, klass, width), config) in enumerate(sorted(TILE_TABLE.items(), key=str), start=71):
+        width = width or TABLE_WIDTHS[op]
+        if klass == "decode":
+            rows = min(DECODE_MAX_ROWS, 3)
+        else:
+            rows = max(DECODE_MAX_ROWS + 1, 2 * config.row_tile + 3)
+        case = {"id": f"{op}-{klass}-{width}", "op": op, "seed": seed, "dtype": "bfloat16", "config": config}
+        if op == "rms_norm":
+            case |= {"shape": [rows, width], "eps": 1e-6}
+        elif op == "mrope":
+            section = [width // 8, 3 * width // 16, 3 * width // 16]
+            case |= {
+                "batch": 1,
+                "seq": rows,
+                "q_heads": 2,
+                "k_heads": 1,
+                "head_dim": width,
+                "section": section,
+            }
+        else:
+            case |= {"tokens": [1, rows], "hidden": width, "intermediate": TABLE_MLP_INTERMEDIATE}
+        cases.append(case)
+    return cases

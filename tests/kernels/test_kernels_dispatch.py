@@ -118,6 +118,7 @@ def test_failing_kernel_falls_back_counted_and_logged_once(monkeypatch, caplog):
         "backends": {},
         "fallbacks": 0,
         "first_fallback_error": None,
+        "pypto_kernels": {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0},
     }
 
 

@@ -1,7 +1,8 @@
 """The real PyPTO kernels, run on the CPU through PyPTO's verify interpreter, against float64 references.
 
-One subprocess runs every pypto case (pypto exits the process on a g++ failure). The interpreter library
-is built once (25-37 s) into ~/.cache/pto_kernels (or $PTO_KERNELS_CACHE_DIR) and reused afterwards.
+One subprocess runs every golden case and one case per tile-table entry; another runs the prompt-length x
+batch sweep (pypto exits the process on a g++ failure). The interpreter library is built once (25-37 s)
+into ~/.cache/pto_kernels (or $PTO_KERNELS_CACHE_DIR) and reused afterwards.
 """
 
 import importlib.util
@@ -22,13 +23,11 @@ pytestmark = [
 RUNNER = Path(__file__).with_name("pypto_runner.py")
 
 
-@pytest.fixture(scope="module")
-def pypto_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pypto")
+def _run(mode: str, tmp: Path) -> dict:
     env = dict(os.environ, TILE_FWK_OUTPUT_DIR=str(tmp / "traces"))
     env.pop("ASCEND_HOME_PATH", None)  # CANN absent: pypto must stay in SIM mode
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(tmp / "out.pt")],
+        [sys.executable, str(RUNNER), mode, str(tmp / "out.pt")],
         capture_output=True,
         text=True,
         env=env,
@@ -36,9 +35,19 @@ def pypto_results(tmp_path_factory):
     )
     if proc.returncode != 0:
         pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    results = torch.load(tmp / "out.pt")
+    return torch.load(tmp / "out.pt")
+
+
+@pytest.fixture(scope="module")
+def pypto_results(tmp_path_factory):
+    results = _run("golden", tmp_path_factory.mktemp("pypto"))
     print("pypto interpreter seconds per case:", {k: round(v, 1) for k, v in results["seconds"].items()})
     return results
+
+
+@pytest.fixture(scope="module")
+def sweep_results(tmp_path_factory):
+    return _run("sweep", tmp_path_factory.mktemp("pypto_sweep"))
 
 
 @pytest.mark.parametrize(
@@ -76,3 +85,36 @@ def test_pypto_kernels_ran_without_fallback(pypto_results):
 
 def test_pypto_repeat_call_reuses_kernel_and_weights(pypto_results):
     assert pypto_results["repeat"] == {"kernel_builds_added": 0, "layouts_added": 0, "same_result": True}
+
+
+@pytest.mark.parametrize("case", gc.table_cases(), ids=gc.ids(gc.table_cases()))
+def test_pypto_tile_table_entry(case, pypto_results):
+    """Every tiling the table ships, run under that tiling, against float64 on NaN-poisoned outputs."""
+    assert repr(case["config"]) in pypto_results["used_configs"][case["id"]], (
+        "the call ran under another tiling"
+    )
+    actual = pypto_results["outputs"]["table/" + case["id"]]
+    dtype = getattr(torch, case["dtype"])
+    if case["op"] == "rms_norm":
+        x, w, eps = gc.rms_norm_inputs(case)
+        gc.check_close(actual, gc.rms_norm_expected(x, w, eps), dtype, case["id"])
+    elif case["op"] == "mrope":
+        q, k, cos, sin, section = gc.mrope_inputs(case)
+        cos_m, sin_m = gc.mix_tables(cos, section), gc.mix_tables(sin, section)
+        gc.check_close(actual[0], gc.rotary_expected(q, cos_m, sin_m), dtype, case["id"] + " q")
+        gc.check_close(actual[1], gc.rotary_expected(k, cos_m, sin_m), dtype, case["id"] + " k")
+    else:
+        mlp, x = gc.mlp_inputs(case)
+        gc.check_close(actual, gc.mlp_expected(mlp, x), dtype, case["id"])
+
+
+@pytest.mark.slow
+def test_pypto_prompt_lengths_and_batches_build_at_most_two_kernels_per_op(sweep_results):
+    """5 prompt lengths x 3 batch sizes of prefill, then decode: the row axis is dynamic, so each op builds
+    one kernel per shape class (decode, prefill) and every other call is a cache hit."""
+    for op, st in sweep_results["stats"].items():
+        kernels = st["pypto_kernels"]
+        calls = sweep_results["calls"][op]
+        assert calls == 18 and st["backends"] == {"pypto": calls}, (op, st)
+        assert kernels["built"] <= 2, (op, kernels, sorted(set(sweep_results["rows"][op])))
+        assert kernels["built"] + kernels["cache_hits"] == calls, (op, kernels)

@@ -1,0 +1,328 @@
+"""`pto-patch tune`: options, the tuning file and who trusts it, and the command end to end.
+
+End-to-end runs go through the CLI in a fresh process each (the patched folder's `pto_kernels` and
+transformers' remote code live in `sys.modules`). A test-only seam wraps `loading.load_model` so a
+test can put a backend that sleeps into the loaded kernel package, or slow down the eager code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pto_patch import cli, engine
+from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
+from pto_patch.manifest import Manifest
+from pto_patch.run.options import RunOptions
+from pto_patch.tiny_model import make_tiny
+from pto_patch.tune import TuneOptions, backends_to_try, check_tune_options
+from pto_patch.tuning_file import SOURCE_TABLE, SOURCE_TUNING, TUNING_PATH, find_tuning, write_tuning
+from tests.folder_snapshot import snapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+import pto_kernels  # noqa: E402
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
+OPS = ["rms_norm", "mrope", "swiglu_mlp"]
+QUICK = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--iters", "15", "--json"]
+
+AFTER_LOAD = """
+import sys
+from pto_patch import cli
+from pto_patch.run import loading
+
+_change, _load_model = sys.argv.pop(1), loading.load_model
+
+
+def load_model(*args, **kwargs):
+    loaded = _load_model(*args, **kwargs)
+    exec(_change, {"loaded": loaded})
+    return loaded
+
+
+loading.load_model = load_model
+cli.main(sys.argv[1:])
+"""
+# A backend whose kernels sleep 30 ms, then compute what the eager code computes.
+SLEEPY_BACKEND = """
+import time, types
+from pto_kernels import reference
+
+
+def sleepy(entry):
+    def kernel(*args):
+        time.sleep(0.03)
+        return getattr(reference, entry)(*args)
+
+    return kernel
+
+
+slow = types.ModuleType("sleepy_backend")
+for entry in ("rms_norm", "mrope", "mrope_mixed", "swiglu_mlp"):
+    setattr(slow, entry, sleepy(entry))
+"""
+# Every op switched on is slower than the eager code.
+ALL_SLOWER = (
+    SLEEPY_BACKEND
+    + """
+loaded.kernels._dispatch._modules["fused"] = slow
+"""
+)
+# RMSNorm and MRoPE kernels sleep; the eager MLP sleeps 30 ms per call while its switch is off, so the
+# real fused MLP is the one op that makes the model faster.
+MLP_FASTER = (
+    SLEEPY_BACKEND
+    + """
+from pto_kernels import fused
+kernels = loaded.kernels
+slow.swiglu_mlp = fused.swiglu_mlp
+kernels._dispatch._modules["fused"] = slow
+
+
+def eager_is_slow(module, args):
+    if not kernels.USE_PTO_SWIGLU_MLP:
+        time.sleep(0.03)
+
+
+for name, module in loaded.model.named_modules():
+    if name.endswith(".mlp") and "language_model" in name:
+        module.register_forward_pre_hook(eager_is_slow)
+"""
+)
+
+
+def run_cli(args: list[str], tmp_path: Path, after_load: str | None = None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("PTO_KERNELS_BACKEND", None)
+    env.pop("GUTENOCR_MODEL_PATH", None)
+    launcher = ["-m", "pto_patch"] if after_load is None else ["-c", AFTER_LOAD, after_load]
+    return subprocess.run(
+        [sys.executable, *launcher, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def patched_tiny(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tune") / "GutenOCR-tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    return folder
+
+
+@pytest.fixture
+def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "GutenOCR-tiny-copy"
+    shutil.copytree(patched_tiny, copy, symlinks=True)
+    return copy
+
+
+# --- options --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"budget_s": 0.0}, "--budget-s"),
+        ({"min_gain": -0.1}, "--min-gain"),
+        ({"use_dynamic_config": True}, "--use_dynamic_config"),
+        ({"batches": "1,0"}, "--batches"),
+    ],
+)
+def test_bad_options_are_usage_errors(change, says):
+    with pytest.raises(PtoPatchError) as caught:
+        check_tune_options(dataclasses.replace(TuneOptions(), **change))
+    assert caught.value.exit_code == EXIT_USAGE and says in caught.value.message
+
+
+def test_the_cli_parameters_are_tune_options_fields():
+    fields = {field.name for field in dataclasses.fields(TuneOptions)}
+    assert issubclass(TuneOptions, RunOptions)
+    assert set(inspect.signature(cli.tune).parameters) - {"as_json"} <= fields
+
+
+def test_backends_tried_per_device():
+    assert backends_to_try(None, "cpu") == ("fused",)
+    assert backends_to_try(None, "npu") == ("pypto", "npu", "fused")
+    assert backends_to_try("auto", "npu") == ("pypto",)
+    assert backends_to_try("torch", "cpu") == ("torch",)
+
+
+def test_a_budget_of_nothing_is_refused_in_json(tmp_path: Path, patched_tiny: Path):
+    done = run_cli(["tune", "--model-path", str(patched_tiny), "--budget-s", "0", "--json"], tmp_path)
+    error = json.loads(done.stdout)
+    assert done.returncode == error["exit_code"] == EXIT_USAGE and "--budget-s" in error["error"]
+
+
+# --- the tuning file and who trusts it ------------------------------------------------------------
+
+
+def _tuning(chosen: dict[str, str], **header) -> dict:
+    here = pto_kernels.tuning.environment("cpu")
+    doc = {
+        "format": pto_kernels.tuning.FORMAT,
+        "format_version": pto_kernels.tuning.FORMAT_VERSION,
+        "header": {
+            "device": here["device"],
+            "versions": here["versions"],
+            "spec": "gutenocr_3b",
+            "ops_patched": OPS,
+            "dtype": "float32",
+        },
+        "batches": [{"batch": 1, "chosen": chosen, "decided": "measured faster"}],
+    }
+    doc["header"].update(header)
+    return doc
+
+
+def _find(folder: Path, dtype: str = "float32", patched=tuple(OPS)):
+    return find_tuning(folder, pto_kernels, "cpu", dtype, "gutenocr_3b", patched)
+
+
+def test_write_records_the_tuning_in_the_manifest(patched_copy: Path):
+    path = write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}))
+    assert path == patched_copy / TUNING_PATH
+    record = Manifest.load(patched_copy).extra["tuning"]
+    assert record["path"] == TUNING_PATH and len(record["sha256"]) == 64
+    lookup = _find(patched_copy)
+    assert lookup.source == SOURCE_TUNING and lookup.tuning.for_batch(1).ops == {"swiglu_mlp": "fused"}
+
+
+@pytest.mark.parametrize(
+    ("header", "dtype", "patched", "says"),
+    [
+        ({"device": {"kind": "cpu", "name": "Another CPU"}}, "float32", tuple(OPS), "Another CPU"),
+        ({"versions": {"torch": "1.0.0"}}, "float32", tuple(OPS), "torch 1.0.0"),
+        ({}, "bfloat16", tuple(OPS), "measured in float32"),
+        ({}, "float32", ("swiglu_mlp",), "with ops rms_norm,mrope,swiglu_mlp"),
+    ],
+    ids=["other-device", "other-torch", "other-dtype", "other-ops"],
+)
+def test_a_tuning_made_elsewhere_falls_back_to_the_table_saying_why(
+    patched_copy, header, dtype, patched, says
+):
+    doc = _tuning({"swiglu_mlp": "fused"})
+    if "versions" in header:
+        doc["header"]["versions"] = dict(doc["header"]["versions"], **header["versions"])
+    else:
+        doc["header"].update(header)
+    write_tuning(patched_copy, doc)
+    lookup = _find(patched_copy, dtype, patched)
+    assert lookup.source == SOURCE_TABLE and lookup.tuning is None
+    assert says in lookup.reason and "\n" not in lookup.reason and "reference table" in lookup.reason
+
+
+def test_no_or_a_damaged_tuning_is_the_table(patched_copy: Path):
+    lookup = _find(patched_copy)
+    assert lookup.source == SOURCE_TABLE and lookup.file is None and "pto-patch tune" in lookup.reason
+    (patched_copy / TUNING_PATH).write_text("{", encoding="utf-8")
+    lookup = _find(patched_copy)
+    assert lookup.source == SOURCE_TABLE and "not readable JSON" in lookup.reason
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+def _documented_tune_keys() -> set[str]:
+    section = SCHEMAS.read_text(encoding="utf-8").split("\n## tune\n")[1].split("\n## ")[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    return {key for line in table for key in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+
+
+@pytest.mark.slow
+def test_tune_writes_a_tuning_verify_uses_and_restore_removes(patched_copy: Path, tmp_path: Path):
+    before = snapshot(patched_copy)
+    done = run_cli(
+        ["tune", "--model-path", str(patched_copy), "--batches", "1,2", "--budget-s", "30", *QUICK], tmp_path
+    )
+    doc = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, doc
+    assert set(doc) - {"schema_version", "command"} == _documented_tune_keys()
+    assert doc["within_budget"] and doc["duration_s"] <= 30
+    assert [entry["batch"] for entry in doc["batches"]] == [1, 2]
+    assert all(probe["runs_here"] for probe in doc["probes"])
+    for entry in doc["batches"]:
+        assert entry["baseline_runs"] >= 1 and {a["label"] for a in entry["alternatives"]} >= {
+            "rms_norm=fused",
+            "mrope=fused",
+            "swiglu_mlp=fused",
+        }
+    written = json.loads((patched_copy / TUNING_PATH).read_text(encoding="utf-8"))
+    assert written["batches"] == doc["batches"] and written["header"]["dtype"] == "float32"
+
+    # verify uses it: the same ops as tune chose at batch 1, and says where they came from
+    done = run_cli(
+        ["verify", "--model-path", str(patched_copy), "--use_pto", "--use_dynamic_config", *QUICK], tmp_path
+    )
+    report = json.loads(done.stdout)
+    assert report["dynamic_config_source"]["source"] == SOURCE_TUNING
+    assert report["switched_on"] == [op for op in OPS if op in doc["batches"][0]["chosen"]]
+
+    done = run_cli(["restore", "--model-path", str(patched_copy), "--json"], tmp_path)
+    assert done.returncode == EXIT_OK, done.stdout
+    assert not (patched_copy / TUNING_PATH).exists()
+    after = snapshot(patched_copy)
+    assert not any(path.startswith(".pto_patch") for path in after)
+    assert {p: v for p, v in before.items() if not p.startswith(".pto_patch")}.keys() >= after.keys()
+
+
+@pytest.mark.slow
+def test_every_op_made_slower_switches_nothing_on(patched_copy: Path, tmp_path: Path):
+    done = run_cli(
+        ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "120", *QUICK],
+        tmp_path,
+        after_load=ALL_SLOWER,
+    )
+    doc = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, doc
+    (entry,) = doc["batches"]
+    assert entry["chosen"] == {} and entry["decided"] == "nothing measured faster"
+    assert {alternative["verdict"] for alternative in entry["alternatives"]} == {"slower"}
+
+
+@pytest.mark.slow
+def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Path, tmp_path: Path):
+    done = run_cli(
+        ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "120", *QUICK],
+        tmp_path,
+        after_load=MLP_FASTER,
+    )
+    doc = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, doc
+    (entry,) = doc["batches"]
+    assert entry["chosen"] == {"swiglu_mlp": "fused"} and entry["decided"] == "measured faster"
+    assert entry["ratio_to_baseline"]["low"] > 1.0
+
+    out = tmp_path / "bench"
+    args = ["bench", "--model-path", str(patched_copy), "--batches", "1,4", "--use_dynamic_config"]
+    quick = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--warmup", "0", "--iters", "1"]
+    done = run_cli([*args, *quick, "--output-dir", str(out), "--json"], tmp_path)
+    bench = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, bench
+    assert bench["dynamic_config_source"]["source"] == SOURCE_TUNING
+    assert [run["switched_on"] for run in bench["runs"]] == [["swiglu_mlp"], ["swiglu_mlp"]]
+    assert bench["runs"][1]["dynamic_config"][2]["reason"].startswith("batch 4: tuned at batch 1")
+    assert bench["runs"][0]["pto"]["ops"]["swiglu_mlp"]["backends"].get("fused", 0) > 0
+
+
+def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_path: Path):
+    from pto_patch import folder_lock
+
+    with folder_lock.exclusive(patched_tiny):
+        done = run_cli(["tune", "--model-path", str(patched_tiny), "--json"], tmp_path)
+    error = json.loads(done.stdout)
+    assert done.returncode == error["exit_code"] == 1
+    assert "is working on" in error["error"] and not (patched_tiny / TUNING_PATH).exists()
