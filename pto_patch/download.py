@@ -22,6 +22,8 @@ writes each file under a per-process temporary name that it deletes when the tra
 from __future__ import annotations
 
 import errno
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -111,7 +113,7 @@ def _offline() -> bool:
     from huggingface_hub import constants
 
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; read it again so a caller's change counts.
-    return constants.is_offline_mode() or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
 
 
 def _endpoint() -> str | None:
@@ -253,6 +255,23 @@ def model_problems(folder: Path, spec: ModelSpec) -> list[str]:
     return problems
 
 
+def lacking_in_repo(files: dict[str, int | None] | list[str]) -> list[str]:
+    """What a complete folder needs that the repository's file list does not hold at all."""
+    wanted = [
+        ("config.json",),
+        (INDEX_FILE, "model.safetensors"),
+        *TOKENIZER_FILES,
+        *((n,) for n in PROCESSOR_FILES),
+    ]
+    kinds = {"config.json": "config", INDEX_FILE: "weights", "preprocessor_config.json": "processor file"}
+    lacking = []
+    for alternatives in wanted:
+        if not any(name in files for name in alternatives):
+            kind = kinds.get(alternatives[0], "tokenizer file")
+            lacking.append(f"{kind} {' or '.join(alternatives)}")
+    return lacking
+
+
 def completeness_problems(
     folder: Path, spec: ModelSpec, sizes: dict[str, int | None] | None = None
 ) -> list[str]:
@@ -333,17 +352,42 @@ def read_record(folder: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+@dataclass(frozen=True)
+class _HttpErrors:
+    """The exception classes of the HTTP library under the installed huggingface_hub."""
+
+    unreachable: tuple[type[BaseException], ...]  # no connection, or it timed out
+    broken: tuple[type[BaseException], ...]  # the transfer broke off
+
+
+def _http_errors() -> _HttpErrors:
+    """hub 0.x talks through requests, 1.x through httpx, 2.x through httpx2: take whichever are installed."""
+    unreachable: list[type[BaseException]] = []
+    broken: list[type[BaseException]] = []
+    for name in ("httpx2", "httpx"):
+        if importlib.util.find_spec(name) is not None:
+            module = importlib.import_module(name)
+            unreachable += [module.ConnectError, module.TimeoutException]
+            broken.append(module.TransportError)
+    if importlib.util.find_spec("requests") is not None:
+        import requests
+
+        unreachable += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
+        broken += [requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError]
+    return _HttpErrors(tuple(unreachable), tuple(broken))
+
+
 def _unreachable(exc: BaseException) -> bool:
-    import httpx2
     from huggingface_hub import errors as hub_errors
 
-    return isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, hub_errors.OfflineModeIsEnabled))
+    return isinstance(exc, (*_http_errors().unreachable, hub_errors.OfflineModeIsEnabled))
 
 
 def _translate(exc: BaseException, repo_id: str, revision: str | None, folder: Path, spec: ModelSpec):
     """A DownloadError for a known failure of the hub client, or None."""
-    import httpx2
     from huggingface_hub import errors as hub_errors
+
+    http = _http_errors()
 
     offline_hint = OFFLINE_HINT.format(env=spec.model_path_env)
     endpoint = _shown_endpoint()
@@ -383,12 +427,12 @@ def _translate(exc: BaseException, repo_id: str, revision: str | None, folder: P
             f"the hub at {endpoint} answered {status} while downloading {repo_id}",
             "try again later; rerunning resumes and keeps the files that finished",
         )
-    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, hub_errors.LocalEntryNotFoundError)):
+    if isinstance(exc, (*http.unreachable, hub_errors.LocalEntryNotFoundError)):
         return DownloadError(
             f"cannot reach the hub at {endpoint} and {folder} is not complete",
             f"check the network, proxy and HF_ENDPOINT; {offline_hint}",
         )
-    if isinstance(exc, httpx2.TransportError):
+    if isinstance(exc, http.broken):
         return DownloadError(
             f"the transfer from {endpoint} broke off ({type(exc).__name__})",
             "run the same command again: finished files are kept and the rest resumes",
@@ -444,6 +488,16 @@ def download_model(
         raise DownloadError(
             f"no file of {repo_id} matches --include {list(include)} / --exclude {list(exclude)}",
             "loosen the patterns (they are shell-style globs such as '*.json')",
+        )
+
+    lacking = [] if include or exclude else lacking_in_repo(listing.sizes)
+    if lacking:
+        more = f" (nor {', '.join(lacking[1:])})" if len(lacking) > 1 else ""
+        raise DownloadError(
+            f"{repo_id} (commit {listing.commit[:12]}) has no {lacking[0]}{more}, so no folder downloaded "
+            "from it can be complete",
+            "rerunning cannot fetch what the repository lacks: pick a repository that ships it (--model-id), "
+            "or download the rest with --include and copy the missing files in from the model it was made from",
         )
 
     present = _present(folder, listing.sizes)
