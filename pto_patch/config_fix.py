@@ -18,7 +18,7 @@ from pto_patch.model_folder import ModelConfig
 from pto_patch.spec import ModelSpec
 
 # 4.x reads the section from rope_scaling, 5.x from rope_parameters; either may be nested in text_config.
-_ROPE_KEYS = ("rope_scaling", "rope_parameters")
+ROPE_KEYS = ("rope_scaling", "rope_parameters")
 _REDOWNLOAD_HINT = "download the model's config.json again"
 
 
@@ -72,7 +72,7 @@ def _existing_sections(config: ModelConfig) -> list[tuple[str, list[int]]]:
     """(where, section) for every mrope_section the config holds, each checked to be three positive ints."""
     found = []
     for prefix, scope in _scopes(config):
-        for key in _ROPE_KEYS:
+        for key in ROPE_KEYS:
             rope = scope.get(key)
             if rope is None:
                 continue
@@ -132,7 +132,7 @@ def fixed_config(config: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
         data["rope_parameters"]["mrope_section"] = section
     text_config = data.get("text_config")
     if isinstance(text_config, dict):
-        for key in _ROPE_KEYS:
+        for key in ROPE_KEYS:
             if isinstance(text_config.get(key), dict):
                 text_config[key]["mrope_section"] = section
     return data

@@ -35,7 +35,9 @@ from typing import Any
 
 from pto_patch import __version__, folder_lock
 from pto_patch.errors import DownloadError
-from pto_patch.manifest import DOWNLOAD_RECORD, Manifest
+from pto_patch.manifest import DOWNLOAD_RECORD
+from pto_patch.model_folder import read_download_record
+from pto_patch.patch_state import COMPLETE, DRIFTED, IN_PROGRESS, state_before_writing
 from pto_patch.spec import ModelSpec, load_spec
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -170,10 +172,16 @@ def _output_folder(output_dir: str | Path | None, spec: ModelSpec) -> Path:
 
 
 def _refuse_patched(folder: Path) -> None:
-    if Manifest.exists_in(folder):
+    state = state_before_writing(folder)
+    if state in (COMPLETE, DRIFTED):
         raise DownloadError(
             f"{folder} holds an applied pto-patch patch; downloading over it would undo half of it",
             f"run `pto-patch restore --model-path {folder}` first, then download again",
+        )
+    if state == IN_PROGRESS:
+        raise DownloadError(
+            f"{folder} holds an interrupted pto-patch apply; downloading over it would mix its files with the hub's",
+            f"run `pto-patch restore --model-path {folder}` first (it rolls the apply back), then download again",
         )
 
 
@@ -344,14 +352,6 @@ def _write_record(folder: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-def read_record(folder: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads((folder / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 @dataclass(frozen=True)
 class _HttpErrors:
     """The exception classes of the HTTP library under the installed huggingface_hub."""
@@ -477,7 +477,7 @@ def download_model(
     except DownloadError:
         raise
     except Exception as exc:
-        if _unreachable(exc) and read_record(folder) and not model_problems(folder, spec):
+        if _unreachable(exc) and read_download_record(folder) and not model_problems(folder, spec):
             # No route to the hub, but a finished download is here: check it locally, as offline mode does.
             return _check_offline(folder, spec, repo_id, revision, include, exclude, started)
         mapped = _translate(exc, repo_id, revision, folder, spec)
@@ -512,7 +512,7 @@ def _fetch(spec, repo_id, revision, token, include, exclude, folder, listing, st
     """Transfer the listed files into `folder` (whose lock is held), check it, and record the commit."""
     filtered = bool(include or exclude)
     present = _present(folder, listing.sizes)
-    previous = read_record(folder)
+    previous = read_download_record(folder)
     if previous is not None and previous.get("commit") != listing.commit:
         # The folder is about to change: until it checks out, it must not claim the old commit.
         (folder / DOWNLOAD_RECORD).unlink(missing_ok=True)
@@ -589,7 +589,7 @@ def _transfer(repo_id: str, listing: _Listing, folder: Path, token: str | None, 
 
 def _check_offline(folder, spec, repo_id, revision, include, exclude, started) -> DownloadResult:
     """Offline: nothing is fetched; a folder that is already complete passes, anything else is an error."""
-    record = read_record(folder) or {}
+    record = read_download_record(folder) or {}
     sizes = record.get("files") if record.get("repo_id") == repo_id else None
     sizes = sizes if isinstance(sizes, dict) else None
     problems = (

@@ -9,7 +9,6 @@ back, so an interrupted apply never leaves a half-patched folder behind.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -27,17 +26,16 @@ from pto_patch.fileio import (
 from pto_patch.locate import installed_transformers_release, locate_sources
 from pto_patch.manifest import (
     BACKUP_DIR,
-    DOWNLOAD_RECORD,
     MANIFEST_DIR,
     STATE_COMPLETE,
     STATE_IN_PROGRESS,
     FileRecord,
     Manifest,
-    drifted_files,
     link_target_escapes,
     parent_escapes,
 )
-from pto_patch.model_folder import read_model_config, resolve_model_folder
+from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
 
@@ -306,15 +304,16 @@ def _check_writable(folder: Path, command: str) -> None:
 
 def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
     rolled_back = False
-    if Manifest.exists_in(folder):
-        manifest = Manifest.load(folder)
-        if manifest.state == STATE_COMPLETE:
+    state = patch_state(folder)
+    if state.state != NONE:
+        manifest = state.manifest
+        if state.patched:
             if set(manifest.ops) != set(chosen):
                 raise ModelFolderError(
                     f"{folder} is already patched with ops {', '.join(manifest.ops)}",
                     "run `pto-patch restore` first, then apply with the new --ops",
                 )
-            drifted = drifted_files(folder, manifest)
+            drifted = state.drifted
             if drifted:  # edited since, or a restore that stopped halfway: not "already patched"
                 raise DriftError(
                     f"{folder} is patched, but {', '.join(drifted)} changed since apply",
@@ -377,23 +376,19 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
 
 
 def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
-    if not (folder / MANIFEST_DIR).exists():
+    state = patch_state(folder)
+    if state.state == NONE:
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
     _check_writable(folder, "restore")
-    if not Manifest.exists_in(folder):
+    if state.manifest is None:
         try:
             undo.recover(folder)
         except OSError as exc:
             raise undo.stopped_restore_error(folder, exc) from exc
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
-    manifest = Manifest.load(folder)
-    interrupted = manifest.state == STATE_IN_PROGRESS
+    manifest, interrupted = state.manifest, state.interrupted
     # a file already back to its original is the trace of a restore that stopped, not an edit
-    drifted = (
-        []
-        if interrupted
-        else sorted(set(drifted_files(folder, manifest)) - undo.original_paths(folder, manifest))
-    )
+    drifted = [] if interrupted else sorted(set(state.drifted) - undo.original_paths(folder, manifest))
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
@@ -422,40 +417,33 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     )
 
 
-def _download_record(folder: Path) -> dict | None:
-    path = folder / DOWNLOAD_RECORD
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
     from pto_patch.codemods import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     release_now = installed_transformers_release()
-    download = _download_record(folder)
-    if not Manifest.exists_in(folder):
-        state = STATE_IN_PROGRESS if (folder / MANIFEST_DIR).exists() else None
+    download = read_download_record(folder)
+    state = patch_state(folder)
+    if state.manifest is None:
+        shown = STATE_IN_PROGRESS if state.interrupted else None
         return StatusResult(
-            folder, spec.name, patched=False, state=state, release_now=release_now, download=download
+            folder, spec.name, patched=False, state=shown, release_now=release_now, download=download
         )
-    manifest = Manifest.load(folder)
+    manifest = state.manifest
     modeling = folder / spec.modeling_file
     ops_found = find_injections(modeling.read_text(encoding="utf-8")) if modeling.is_file() else {}
     return StatusResult(
         folder=folder,
         spec=manifest.spec,
-        patched=manifest.state == STATE_COMPLETE,
+        patched=state.patched,
         state=manifest.state,
         ops=manifest.ops,
         ops_found=ops_found,
         release_at_apply=manifest.transformers_release,
         release_now=release_now,
         tool_version_at_apply=manifest.tool_version,
-        drifted=tuple(drifted_files(folder, manifest)),
+        drifted=state.drifted,
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
     )

@@ -18,10 +18,6 @@ class ModelConfig:
     raw_bytes: bytes
     data: dict[str, Any]
 
-    @property
-    def model_type(self) -> str | None:
-        return self.data.get("model_type")
-
 
 def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path:
     """--model-path, else the spec's environment variable, else the current folder; it must hold config.json."""
@@ -77,3 +73,14 @@ def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
             f"point --model-path at a {spec.model_type} checkpoint, or choose another --model",
         )
     return ModelConfig(path=path, raw_bytes=raw, data=data)
+
+
+def read_download_record(folder: Path) -> dict[str, Any] | None:
+    """What `download` recorded in the folder (repo id, commit, ...), or None if nothing readable is there."""
+    from pto_patch.manifest import DOWNLOAD_RECORD
+
+    try:
+        record = json.loads((Path(folder) / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -24,6 +24,7 @@ from pto_patch.fileio import (
     stray_temporaries,
 )
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
+from pto_patch.patch_state import patch_state
 
 
 def remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
@@ -236,14 +237,11 @@ def stopped_restore_error(folder: Path, exc: OSError) -> PtoPatchError:
 
 def recover(folder: Path) -> bool:
     """Roll back an interrupted apply (or restore). Returns True when there was one."""
-    manifest_dir = folder / MANIFEST_DIR
-    if not manifest_dir.exists():
+    state = patch_state(folder)
+    if not state.interrupted:
         return False
-    if not Manifest.exists_in(folder):  # stopped before the manifest (or after it): only backups are left
-        remove_tree(manifest_dir)
+    if state.manifest is None:  # stopped before the manifest (or after it): only backups are left
+        remove_tree(folder / MANIFEST_DIR)
         return True
-    manifest = Manifest.load(folder)
-    if manifest.state != STATE_IN_PROGRESS:
-        return False
-    finish_restore(folder, manifest)
+    finish_restore(folder, state.manifest)
     return True

@@ -248,6 +248,21 @@ def test_refuses_a_folder_with_an_applied_patch(hub: LocalHub, tmp_path: Path) -
     assert hub.requests == [] or all("agent-harnesses" in r.path for r in hub.requests)
 
 
+def test_refuses_a_folder_holding_only_the_backups_of_an_interrupted_apply(
+    hub: LocalHub, tmp_path: Path
+) -> None:
+    """An apply killed after its backups, before its manifest: `.pto_patch/` holds only backups."""
+    folder = tmp_path / "half-patched"
+    (folder / ".pto_patch" / "backup").mkdir(parents=True)
+    (folder / ".pto_patch" / "backup" / "config.json").write_text("{}")
+    before = snapshot(folder)
+    with pytest.raises(DownloadError, match="interrupted pto-patch apply") as refused:
+        download_model(output_dir=folder)
+    assert "pto-patch restore" in refused.value.hint
+    assert snapshot(folder) == before
+    assert hub.requests == [] or all("agent-harnesses" in r.path for r in hub.requests)
+
+
 def test_no_output_dir_names_the_flag_and_the_variable(hub: LocalHub, capsys) -> None:
     assert run_cli("download") == 2
     err = capsys.readouterr().err

@@ -37,6 +37,4 @@ class PatchContext:
 class Codemod(Protocol):
     """One rewrite step: `transform` returns the rewritten module or raises a PtoPatchError."""
 
-    name: str
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module: ...
