@@ -21,9 +21,6 @@ writes each file under a per-process temporary name that it deletes when the tra
 
 from __future__ import annotations
 
-import errno
-import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -33,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch import __version__, folder_lock
+from pto_patch import __version__, folder_lock, hub_errors
 from pto_patch.errors import DownloadError
 from pto_patch.manifest import DOWNLOAD_RECORD
 from pto_patch.model_folder import read_download_record
@@ -47,11 +44,6 @@ TOKENIZER_FILES = (("tokenizer_config.json",), ("tokenizer.json", "vocab.json"))
 PROCESSOR_FILES = ("preprocessor_config.json",)
 # Room left beyond the files themselves (temporary names, metadata), in bytes.
 DISK_MARGIN = 64 * 1024 * 1024
-
-OFFLINE_HINT = (
-    "on an offline machine, copy a complete model folder from a machine with access and point "
-    "{env} (or --model-path) at it"
-)
 
 
 @dataclass(frozen=True)
@@ -352,104 +344,6 @@ def _write_record(folder: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class _HttpErrors:
-    """The exception classes of the HTTP library under the installed huggingface_hub."""
-
-    unreachable: tuple[type[BaseException], ...]  # no connection, or it timed out
-    broken: tuple[type[BaseException], ...]  # the transfer broke off
-
-
-def _http_errors() -> _HttpErrors:
-    """hub 0.x talks through requests, 1.x through httpx, 2.x through httpx2: take whichever are installed."""
-    unreachable: list[type[BaseException]] = []
-    broken: list[type[BaseException]] = []
-    for name in ("httpx2", "httpx"):
-        if importlib.util.find_spec(name) is not None:
-            module = importlib.import_module(name)
-            unreachable += [module.ConnectError, module.TimeoutException]
-            broken.append(module.TransportError)
-    if importlib.util.find_spec("requests") is not None:
-        import requests
-
-        unreachable += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
-        broken += [requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError]
-    return _HttpErrors(tuple(unreachable), tuple(broken))
-
-
-def _unreachable(exc: BaseException) -> bool:
-    from huggingface_hub import errors as hub_errors
-
-    return isinstance(exc, (*_http_errors().unreachable, hub_errors.OfflineModeIsEnabled))
-
-
-def _translate(exc: BaseException, repo_id: str, revision: str | None, folder: Path, spec: ModelSpec):
-    """A DownloadError for a known failure of the hub client, or None."""
-    from huggingface_hub import errors as hub_errors
-
-    http = _http_errors()
-
-    offline_hint = OFFLINE_HINT.format(env=spec.model_path_env)
-    endpoint = _shown_endpoint()
-    if isinstance(exc, hub_errors.OfflineModeIsEnabled):
-        return DownloadError(
-            f"offline mode is on (HF_HUB_OFFLINE) and {folder} is not complete", offline_hint
-        )
-    if isinstance(exc, hub_errors.GatedRepoError):
-        return DownloadError(
-            f"{repo_id} is gated and this account has not been granted access",
-            f"accept the model's conditions on {endpoint}/{repo_id} with the account of your token "
-            "(--token or HF_TOKEN)",
-        )
-    if isinstance(exc, hub_errors.RevisionNotFoundError):
-        return DownloadError(
-            f"revision '{revision}' not found in {repo_id}",
-            "pass a branch, tag or commit that exists in the repository, or drop --revision for main",
-        )
-    if isinstance(exc, hub_errors.RepositoryNotFoundError):
-        return DownloadError(
-            f"repository {repo_id} not found on {endpoint} (or it is private and no valid token was sent)",
-            "check --model-id; for a private repository pass --token or set HF_TOKEN",
-        )
-    if isinstance(exc, hub_errors.HfHubHTTPError):
-        status = exc.response.status_code if exc.response is not None else None
-        if status == 401:
-            return DownloadError(
-                f"the hub at {endpoint} rejected the token (401 invalid credentials)",
-                "check --token / HF_TOKEN (a read token from your account's settings), or unset it",
-            )
-        if status == 403:
-            return DownloadError(
-                f"the hub at {endpoint} refused access to {repo_id} (403)",
-                "use a token whose permissions include reading this repository",
-            )
-        return DownloadError(
-            f"the hub at {endpoint} answered {status} while downloading {repo_id}",
-            "try again later; rerunning resumes and keeps the files that finished",
-        )
-    if isinstance(exc, (*http.unreachable, hub_errors.LocalEntryNotFoundError)):
-        return DownloadError(
-            f"cannot reach the hub at {endpoint} and {folder} is not complete",
-            f"check the network, proxy and HF_ENDPOINT; {offline_hint}",
-        )
-    if isinstance(exc, http.broken):
-        return DownloadError(
-            f"the transfer from {endpoint} broke off ({type(exc).__name__})",
-            "run the same command again: finished files are kept and the rest resumes",
-        )
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DownloadError(
-            f"disk full while writing into {folder}",
-            "free some space (or pass --output-dir on a larger disk), then run the same command again",
-        )
-    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
-        return DownloadError(
-            f"a file from {repo_id} arrived with the wrong size",
-            "run the same command again: the file is fetched anew",
-        )
-    return None
-
-
 # --- entry point -------------------------------------------------------------------------------------
 
 
@@ -477,10 +371,10 @@ def download_model(
     except DownloadError:
         raise
     except Exception as exc:
-        if _unreachable(exc) and read_download_record(folder) and not model_problems(folder, spec):
+        if hub_errors.unreachable(exc) and read_download_record(folder) and not model_problems(folder, spec):
             # No route to the hub, but a finished download is here: check it locally, as offline mode does.
             return _check_offline(folder, spec, repo_id, revision, include, exclude, started)
-        mapped = _translate(exc, repo_id, revision, folder, spec)
+        mapped = hub_errors.translate(exc, repo_id, revision, folder, spec, _shown_endpoint())
         if mapped is None:
             raise
         raise mapped from exc
@@ -522,7 +416,7 @@ def _fetch(spec, repo_id, revision, token, include, exclude, folder, listing, st
     try:
         _transfer(repo_id, listing, folder, token, include, exclude)
     except Exception as exc:
-        mapped = _translate(exc, repo_id, revision, folder, spec)
+        mapped = hub_errors.translate(exc, repo_id, revision, folder, spec, _shown_endpoint())
         if mapped is None:
             raise
         raise mapped from exc
@@ -598,7 +492,7 @@ def _check_offline(folder, spec, repo_id, revision, include, exclude, started) -
     if problems:
         raise DownloadError(
             f"offline mode is on (HF_HUB_OFFLINE) and {folder} is not complete: {problems[0]}",
-            OFFLINE_HINT.format(env=spec.model_path_env),
+            hub_errors.OFFLINE_HINT.format(env=spec.model_path_env),
         )
     files = sorted(sizes) if sizes else sorted(p.name for p in folder.iterdir() if p.is_file())
     return DownloadResult(

@@ -15,6 +15,7 @@ import huggingface_hub
 import pytest
 
 from pto_patch import download as download_engine
+from pto_patch import hub_errors
 from pto_patch.cli import main
 from pto_patch.download import DOWNLOAD_RECORD, download_model
 from pto_patch.errors import DownloadError
@@ -344,8 +345,8 @@ def test_not_enough_disk_space_stops_before_any_transfer(hub: LocalHub, tmp_path
 
 def test_disk_full_during_the_transfer_is_one_line() -> None:
     spec = load_spec("gutenocr_3b")
-    mapped = download_engine._translate(
-        OSError(errno.ENOSPC, "No space left on device"), REPO, None, Path("/x"), spec
+    mapped = hub_errors.translate(
+        OSError(errno.ENOSPC, "No space left on device"), REPO, None, Path("/x"), spec, "http://hub"
     )
     assert mapped is not None and "disk full" in mapped.message and "space" in mapped.hint
 
