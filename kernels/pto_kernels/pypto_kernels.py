@@ -291,20 +291,23 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
 
 def _build_mrope(rows, q_heads, k_heads, dim, dtype, table_dtype, sections, mixed, config, device_type):
     """Rows are (batch, position) pairs: q [rows, q_heads*dim], k [rows, k_heads*dim] (heads side by side),
-    cos/sin [rows, dim] (mixed) or [3*rows, dim] (the t, h, w streams stacked, mixed in-kernel)."""
+    cos/sin [rows, dim] (mixed) or [3*rows, dim] (the t, h, w streams stacked, mixed in-kernel).
+
+    Each head reads its cos/sin halves straight from the inputs rather than sharing a computed tile: in
+    the cost model a shared intermediate becomes a dependent task, ~3 us at decode."""
     pypto = _pypto()
     dt, tdt, fp32 = _dtype(dtype), _dtype(table_dtype), pypto.DT_FP32
     rows_axis = _row_axis(config, rows)
     table_axis = _row_axis(config, rows if mixed else 3 * rows, "table_rows")
     tile, half = config.row_tile, dim // 2
-    # (stream, column offset, width) of each chunk of the doubled section list: chunk i reads stream i % 3
-    chunk_streams, chunk_cols, chunk_widths, offset = [], [], [], 0
+    # (stream, column, width) of the section chunks of each half: chunk i of section*2 reads stream i % 3
+    n_sections = len(sections)
+    streams, cols, widths, offset = [], [], [], 0
     for i, width in enumerate(list(sections) * 2):
-        chunk_streams.append(i % 3)
-        chunk_cols.append(offset)
-        chunk_widths.append(width)
+        streams.append(i % 3)
+        cols.append(offset)
+        widths.append(width)
         offset += width
-    n_chunks = len(chunk_widths)
 
     @_jit(device_type, config)
     def mrope_kernel(
@@ -315,60 +318,58 @@ def _build_mrope(rows, q_heads, k_heads, dim, dtype, table_dtype, sections, mixe
         q_out: pypto.Tensor([rows_axis, q_heads * dim], dt),
         k_out: pypto.Tensor([rows_axis, k_heads * dim], dt),
     ):
-        pypto.set_vec_tile_shapes(tile, dim)
+        pypto.set_vec_tile_shapes(tile, half)
         n_rows = q.shape[0]
         for step in pypto.loop((n_rows + tile - 1) // tile):
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
-            if mixed:
-                cos_t = pypto.cast(pypto.view(cos, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
-                sin_t = pypto.cast(pypto.view(sin, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
-            else:
-                # section mixing in-kernel (no comprehensions: the pypto parser does not scope them)
-                cos_parts = []
-                sin_parts = []
-                for c in range(n_chunks):
-                    at = [chunk_streams[c] * n_rows + start, chunk_cols[c]]
-                    part = [tile, chunk_widths[c]]
-                    cos_parts.append(pypto.view(cos, part, at, valid_shape=[valid, chunk_widths[c]]))
-                    sin_parts.append(pypto.view(sin, part, at, valid_shape=[valid, chunk_widths[c]]))
-                # concat drops the parts' valid shape: view the result again with it
-                cos_t = pypto.cast(
-                    pypto.view(pypto.concat(cos_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
-                    fp32,
-                )
-                sin_t = pypto.cast(
-                    pypto.view(pypto.concat(sin_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
-                    fp32,
-                )
-            # rotate_half: out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2, per half (no concat, which
-            # would drop the tail tile's valid shape)
-            cos1 = pypto.view(cos_t, [tile, half], [0, 0], valid_shape=[valid, half])
-            cos2 = pypto.view(cos_t, [tile, half], [0, half], valid_shape=[valid, half])
-            sin1 = pypto.view(sin_t, [tile, half], [0, 0], valid_shape=[valid, half])
-            sin2 = pypto.view(sin_t, [tile, half], [0, half], valid_shape=[valid, half])
-            for h in range(q_heads):
-                x1 = pypto.cast(
-                    pypto.view(q, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
-                )
+            for head in range(q_heads + k_heads):
+                if mixed:
+                    cos1 = pypto.view(cos, [tile, half], [start, 0], valid_shape=[valid, half])
+                    cos2 = pypto.view(cos, [tile, half], [start, half], valid_shape=[valid, half])
+                    sin1 = pypto.view(sin, [tile, half], [start, 0], valid_shape=[valid, half])
+                    sin2 = pypto.view(sin, [tile, half], [start, half], valid_shape=[valid, half])
+                else:
+                    # section mixing in-kernel (no comprehensions: the pypto parser does not scope them)
+                    cos1_parts = []
+                    cos2_parts = []
+                    sin1_parts = []
+                    sin2_parts = []
+                    for c in range(n_sections):
+                        first = [streams[c] * n_rows + start, cols[c]]
+                        second = [streams[c + n_sections] * n_rows + start, cols[c + n_sections]]
+                        shape1, shape2 = [tile, widths[c]], [tile, widths[c + n_sections]]
+                        valid1, valid2 = [valid, widths[c]], [valid, widths[c + n_sections]]
+                        cos1_parts.append(pypto.view(cos, shape1, first, valid_shape=valid1))
+                        sin1_parts.append(pypto.view(sin, shape1, first, valid_shape=valid1))
+                        cos2_parts.append(pypto.view(cos, shape2, second, valid_shape=valid2))
+                        sin2_parts.append(pypto.view(sin, shape2, second, valid_shape=valid2))
+                    # concat drops the parts' valid shape: view the result again with it
+                    cos1 = pypto.view(
+                        pypto.concat(cos1_parts, 1), [tile, half], [0, 0], valid_shape=[valid, half]
+                    )
+                    cos2 = pypto.view(
+                        pypto.concat(cos2_parts, 1), [tile, half], [0, 0], valid_shape=[valid, half]
+                    )
+                    sin1 = pypto.view(
+                        pypto.concat(sin1_parts, 1), [tile, half], [0, 0], valid_shape=[valid, half]
+                    )
+                    sin2 = pypto.view(
+                        pypto.concat(sin2_parts, 1), [tile, half], [0, 0], valid_shape=[valid, half]
+                    )
+                if head < q_heads:
+                    src, dst, col = q, q_out, head * dim
+                else:
+                    src, dst, col = k, k_out, (head - q_heads) * dim
+                x1 = pypto.cast(pypto.view(src, [tile, half], [start, col], valid_shape=[valid, half]), fp32)
                 x2 = pypto.cast(
-                    pypto.view(q, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
+                    pypto.view(src, [tile, half], [start, col + half], valid_shape=[valid, half]), fp32
                 )
-                out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
-                out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
-                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], q_out)
-                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], q_out)
-            for h in range(k_heads):
-                x1 = pypto.cast(
-                    pypto.view(k, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
-                )
-                x2 = pypto.cast(
-                    pypto.view(k, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
-                )
-                out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
-                out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
-                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], k_out)
-                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], k_out)
+                # rotate_half: out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2
+                out1 = pypto.sub(pypto.mul(x1, pypto.cast(cos1, fp32)), pypto.mul(x2, pypto.cast(sin1, fp32)))
+                out2 = pypto.add(pypto.mul(x2, pypto.cast(cos2, fp32)), pypto.mul(x1, pypto.cast(sin2, fp32)))
+                pypto.assemble(pypto.cast(out1, dt), [start, col], dst)
+                pypto.assemble(pypto.cast(out2, dt), [start, col + half], dst)
 
     return mrope_kernel
 
@@ -382,6 +383,10 @@ def _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed):
         raise TypeError(f"pypto MRoPE kernel needs q and k of one dtype, got {q.dtype} and {k.dtype}")
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
         raise ValueError(f"pypto MRoPE kernel: k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    if (dim // 2) * q.element_size() % 32:
+        raise ValueError(
+            f"pypto MRoPE kernel needs head_dim/2 rows of whole 32-byte blocks, not {dim} x {q.dtype}"
+        )
     rows, device_type = batch * seq, q.device.type
     _, config = tile_config("mrope", rows, dim)
     key = _kernel_key(

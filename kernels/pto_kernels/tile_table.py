@@ -34,6 +34,13 @@ class TileConfig:
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
+    @classmethod
+    def from_dict(cls, data: dict) -> TileConfig:
+        """From `dataclasses.asdict` output that went through JSON (lists back to tuples)."""
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        fields["pass_settings"] = tuple(tuple(s) for s in fields.get("pass_settings", ()))
+        return cls(**fields)
+
     def pass_options(self) -> dict | None:
         options: dict[str, dict[int, int]] = {}
         for name, scope, count in self.pass_settings:
