@@ -57,7 +57,6 @@ def shapes() -> list[tuple[str, dict]]:
     out = [("rms_norm", {"rows": r, "width": TEXT}) for r in rows]
     out.append(("rms_norm", {"rows": 2500, "width": VISION}))
     out += [("mrope", {"rows": r}) for r in rows]
-    out += [("mrope", {"rows": r, "mixed": True}) for r in (1, 700)]
     out += [("swiglu_mlp", {"rows": r}) for r in rows]
     return out
 
@@ -84,8 +83,8 @@ def min_bytes(op: str, params: dict) -> int:
     if op == "rms_norm":
         return BF16_BYTES * (2 * rows * params["width"] + params["width"])
     if op == "mrope":
-        tables = rows if params.get("mixed") else 3 * rows
-        return BF16_BYTES * (2 * rows * (Q_HEADS + K_HEADS) * HEAD_DIM + 2 * tables * HEAD_DIM)
+        # the kernel reads section-mixed tables (mixed once per forward, not per layer)
+        return BF16_BYTES * (2 * rows * (Q_HEADS + K_HEADS) * HEAD_DIM + 2 * rows * HEAD_DIM)
     return BF16_BYTES * (3 * TEXT * INTER + 2 * rows * TEXT)
 
 
@@ -109,13 +108,10 @@ def _sim_child(request: str) -> None:
         x = torch.randn(rows, width, dtype=bf16)
         kernel(x, torch.ones(1, width, dtype=bf16), torch.empty_like(x))
     elif op == "mrope":
-        mixed = bool(params.get("mixed"))
-        kernel = pypto_kernels._build_mrope(
-            rows, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, SECTIONS, mixed, config, "sim"
-        )
+        kernel = pypto_kernels._build_mrope(rows, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, config, "sim")
         q = torch.randn(rows, Q_HEADS * HEAD_DIM, dtype=bf16)
         k = torch.randn(rows, K_HEADS * HEAD_DIM, dtype=bf16)
-        cos = torch.randn(rows if mixed else 3 * rows, HEAD_DIM, dtype=bf16)
+        cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
         kernel(q, k, cos, cos.clone(), torch.empty_like(q), torch.empty_like(k))
     elif op == "swiglu_mlp":
         kernel = pypto_kernels._build_swiglu_mlp(rows, TEXT, INTER, bf16, config, "sim")
@@ -232,7 +228,7 @@ def _label(entry: dict) -> str:
     if entry["op"] == "rms_norm":
         return f"rms_norm {p['rows']}x{p['width']}"
     if entry["op"] == "mrope":
-        return f"mrope{' mixed' if p.get('mixed') else ''} {p['rows']} rows 16+2x128"
+        return f"mrope {p['rows']} rows 16+2 heads x128"
     return f"swiglu_mlp {p['rows']} tok 2048-11008"
 
 
@@ -275,6 +271,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one decode shape per op (a smoke run)")
     parser.add_argument("--only", choices=["rms_norm", "mrope", "swiglu_mlp"], help="one op only")
     parser.add_argument("--timeout", type=int, default=SIM_TIMEOUT_S, help="seconds per kernel")
+    parser.add_argument("--rows", help="only these row counts, comma-separated (e.g. 1,4,8,16)")
     parser.add_argument("--sim-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sim_child:
@@ -283,6 +280,9 @@ def main() -> None:
     kernels = QUICK if args.quick else shapes()
     if args.only:
         kernels = [k for k in kernels if k[0] == args.only]
+    if args.rows:
+        wanted = {int(r) for r in args.rows.split(",")}
+        kernels = [k for k in kernels if k[1]["rows"] in wanted]
     entries = sim_entries(kernels, args.timeout)
     soc = soc_config() if importlib.util.find_spec("pypto") else None
     if soc:

@@ -42,9 +42,9 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
     ),
     ("mrope", "decode", None): (
         [{"rows": 1}, {"rows": 16}],
-        [TileConfig(row_tile=t) for t in (1, 4, 16)] + [TileConfig(row_tile=16, static=True)],
+        [TileConfig(row_tile=t) for t in (1, 4, 16)] + [TileConfig(row_tile=1, static=True)],
     ),
-    ("mrope", "prefill", None): ([{"rows": 700}], [TileConfig(row_tile=t) for t in (32, 64, 128)]),
+    ("mrope", "prefill", None): ([{"rows": 700}], [TileConfig(row_tile=t) for t in (32, 64, 128, 256)]),
     ("swiglu_mlp", "decode", None): (
         [{"rows": 1}],
         [
@@ -54,17 +54,46 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 8),)),
             TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 4), (_NBUF, -1, 2))),
             TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(64, 128), pass_settings=((_L1, -1, 4),)),
+            # the down matmul has only 2048 / n outputs columns to spread over 24 cube cores
+            TileConfig(**_MLP_TILES, down_cube_n=(64, 64), pass_settings=((_L1, -1, 4),)),
+            TileConfig(
+                **_MLP_TILES,
+                down_cube_k=(128, 1024),
+                down_cube_n=(128, 256),
+                down_split_k=True,
+                pass_settings=((_L1, -1, 4),),
+            ),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 16),)),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 12),)),
+            TileConfig(row_tile=16, cube_k=(128, 512), cube_n=(128, 512), pass_settings=((_L1, -1, 8),)),
+        ],
+    ),
+    ("swiglu_mlp", "prefill", None): (
+        [{"rows": 128}],
+        [
+            TileConfig(row_tile=32, cube_m=32),
+            TileConfig(
+                row_tile=32, cube_m=32, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1, -1, 8),)
+            ),
+            TileConfig(
+                row_tile=64, cube_m=64, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1, -1, 8),)
+            ),
         ],
     ),
 }
 
 
 def _key(op: str, params: dict, config: TileConfig) -> str:
-    return json.dumps([op, params, asdict(config)], sort_keys=True)
+    # only the fields that differ from the defaults: a field added later leaves old keys valid
+    default = asdict(TileConfig(row_tile=config.row_tile))
+    changed = {k: v for k, v in asdict(config).items() if k == "row_tile" or v != default[k]}
+    return json.dumps([op, params, changed], sort_keys=True)
 
 
 def load() -> dict:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    """The cached results, keyed again from each entry's own op, shape and tiling."""
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    return {_key(e["op"], e["params"], TileConfig.from_dict(e["config"])): e for e in stored.values()}
 
 
 def save(key: str, entry: dict) -> None:
@@ -90,6 +119,7 @@ def main() -> None:
     parser.add_argument("--op", choices=["rms_norm", "mrope", "swiglu_mlp"])
     parser.add_argument("--timeout", type=int, default=600, help="seconds per simulated kernel")
     parser.add_argument("--max-new", type=int, default=100, help="simulate at most this many new candidates")
+    parser.add_argument("--candidates", help="only these candidate indexes of each class, e.g. 6,7")
     args = parser.parse_args()
     results = load()
     soc = bench_sim.soc_config()
@@ -98,7 +128,10 @@ def main() -> None:
         op = klass_key[0]
         if args.op and op != args.op:
             continue
-        for config in configs:
+        picked = {int(i) for i in args.candidates.split(",")} if args.candidates else None
+        for index, config in enumerate(configs):
+            if picked is not None and index not in picked:
+                continue
             for params in shapes:
                 key = _key(op, params, config)
                 if key in results or new >= args.max_new:
