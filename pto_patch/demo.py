@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import PtoPatchError
+from pto_patch.folder_hashes import folder_hashes
 from pto_patch.report import DemoResult
 from pto_patch.run.folder import forget_folder_kernels
 
@@ -31,20 +32,6 @@ IMAGE_SIZE = (112, 84)  # multiples of 28: 12 image tokens on the tiny model
 VERIFY_SETTINGS = {"warmup": 3, "iters": 8, "output_length": 16, "dtype": "bf16"}
 
 StepCallback = Callable[[str, Any, float], None]
-
-
-def folder_hashes(folder: Path) -> dict[str, str]:
-    from pto_patch.fileio import sha256_file
-
-    return {
-        path.relative_to(folder).as_posix(): sha256_file(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and not path.is_symlink()
-    } | {
-        path.relative_to(folder).as_posix(): "link:" + os.readlink(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_symlink()
-    }
 
 
 def _prepare_directory(directory: Path | None) -> tuple[Path, list[Path]]:

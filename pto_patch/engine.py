@@ -9,15 +9,14 @@ back, so an interrupted apply never leaves a half-patched folder behind.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pto_patch import __version__, folder_lock, undo
-from pto_patch.config_fix import fixed_config, render_config
-from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
+from pto_patch.config_fix import ConfigChange, config_changes, fixed_config, render_config
+from pto_patch.errors import AnchorNotFoundError, DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
     atomic_write_bytes,
     file_mode,
@@ -27,17 +26,16 @@ from pto_patch.fileio import (
 from pto_patch.locate import installed_transformers_release, locate_sources
 from pto_patch.manifest import (
     BACKUP_DIR,
-    DOWNLOAD_RECORD,
     MANIFEST_DIR,
     STATE_COMPLETE,
     STATE_IN_PROGRESS,
     FileRecord,
     Manifest,
-    drifted_files,
     link_target_escapes,
     parent_escapes,
 )
-from pto_patch.model_folder import read_model_config, resolve_model_folder
+from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
 
@@ -65,6 +63,7 @@ class ApplyResult:
     release: str
     source: str
     files: tuple[tuple[str, str], ...]  # (path, "added" | "modified")
+    config_changes: tuple[ConfigChange, ...] = ()  # what apply changes (or changed) in config.json
     dry_run: bool = False
     diff: str = ""
     already_applied: bool = False
@@ -166,9 +165,12 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
         tool_version=__version__,
         source_sha256=sha256_bytes(modeling_bytes),
     )
-    modeling = rewrite_modeling(modeling_bytes.decode("utf-8"), context)
-    configuration = rewrite_configuration(sources.configuration.read_bytes().decode("utf-8"), context)
-    new_config = render_config(fixed_config(config, spec), config.raw_bytes)
+    modeling = _rewritten(folder, sources.modeling, modeling_bytes, rewrite_modeling, context)
+    configuration = _rewritten(
+        folder, sources.configuration, sources.configuration.read_bytes(), rewrite_configuration, context
+    )
+    new_data = fixed_config(config, spec)
+    new_config = render_config(new_data, config.raw_bytes)
 
     planned = [
         _planned(folder, spec.modeling_file, modeling.encode("utf-8")),
@@ -181,8 +183,38 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
         "source": str(sources.modeling),
         "source_sha256": context.source_sha256,
         "from_folder": sources.from_folder,
+        "config_changes": tuple(config_changes(config.data, new_data)),
     }
     return planned, info
+
+
+def _rewritten(folder: Path, path: Path, data: bytes, rewrite, context) -> str:
+    """`rewrite` of a source file; where the file is the folder's own, its faults are the folder's."""
+    own = path.parent == folder
+    if own:
+        context = replace(context, source_folder=folder)
+    try:
+        return rewrite(data.decode("utf-8"), context)
+    except UnicodeDecodeError as exc:
+        if own:
+            raise ModelFolderError(
+                f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                _OWN_SOURCE_HINT.format(name=path.name),
+            ) from exc
+        raise AnchorNotFoundError(
+            f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+            "the source file is damaged; reinstall transformers",
+        ) from exc
+    except AnchorNotFoundError as exc:
+        if not own:
+            raise
+        raise ModelFolderError(exc.message, _OWN_SOURCE_HINT.format(name=path.name)) from exc
+
+
+_OWN_SOURCE_HINT = (
+    "the folder's own {name} is not the transformers code pto-patch patches: move it out of the folder "
+    "(the installed release's file is used then), or download the model again"
+)
 
 
 def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
@@ -262,17 +294,26 @@ def apply_patch(
         return _apply_locked(spec, folder, chosen, dry_run, started)
 
 
+def _check_writable(folder: Path, command: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ModelFolderError(
+            f"{folder} is read-only, and {command} writes into it",
+            f"copy the model folder somewhere writable (or get write permission), then run {command} again",
+        )
+
+
 def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
     rolled_back = False
-    if Manifest.exists_in(folder):
-        manifest = Manifest.load(folder)
-        if manifest.state == STATE_COMPLETE:
+    state = patch_state(folder)
+    if state.state != NONE:
+        manifest = state.manifest
+        if state.patched:
             if set(manifest.ops) != set(chosen):
                 raise ModelFolderError(
                     f"{folder} is already patched with ops {', '.join(manifest.ops)}",
                     "run `pto-patch restore` first, then apply with the new --ops",
                 )
-            drifted = drifted_files(folder, manifest)
+            drifted = state.drifted
             if drifted:  # edited since, or a restore that stopped halfway: not "already patched"
                 raise DriftError(
                     f"{folder} is patched, but {', '.join(drifted)} changed since apply",
@@ -294,6 +335,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
+        _check_writable(folder, "apply")
         try:
             rolled_back = undo.recover(folder)
         except OSError as exc:
@@ -310,6 +352,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
         release=info["release"],
         source=info["source"],
         files=tuple((item.path, item.action) for item in planned),
+        config_changes=info["config_changes"],
     )
     if dry_run:
         diff = _unified_diff(folder, planned)
@@ -333,37 +376,35 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
 
 
 def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
-    if not (folder / MANIFEST_DIR).exists():
+    state = patch_state(folder)
+    if state.state == NONE:
         raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
-    if not Manifest.exists_in(folder):
-        undo.recover(folder)
+    _check_writable(folder, "restore")
+    if state.manifest is None:
+        try:
+            undo.recover(folder)
+        except OSError as exc:
+            raise undo.stopped_restore_error(folder, exc) from exc
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
-    manifest = Manifest.load(folder)
-    interrupted = manifest.state == STATE_IN_PROGRESS
+    manifest, interrupted = state.manifest, state.interrupted
     # a file already back to its original is the trace of a restore that stopped, not an edit
-    drifted = (
-        []
-        if interrupted
-        else sorted(set(drifted_files(folder, manifest)) - undo.original_paths(folder, manifest))
-    )
+    drifted = [] if interrupted else sorted(set(state.drifted) - undo.original_paths(folder, manifest))
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    kept = undo.keep_edited_copies(folder, drifted)
+    undo.check_backups(folder, manifest)  # before anything is touched
     try:
+        kept = undo.keep_edited_copies(folder, drifted)
         if not interrupted:
             undo.mark_restoring(folder, manifest)
-        restored, removed = undo.put_back(folder, manifest)
-        undo.check_restored(folder, manifest)
-        undo.drop_manifest_dir(folder)
+        try:
+            restored, removed = undo.finish_restore(folder, manifest)
+        except OSError:  # once more at once, as apply rolls back at once: a passing fault is gone
+            restored, removed = undo.finish_restore(folder, manifest)
     except OSError as exc:
-        raise PtoPatchError(
-            f"restoring {folder} stopped ({exc.strerror or exc}); left: {undo.what_is_left(folder)}",
-            "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
-            "it finishes where this one stopped",
-        ) from exc
+        raise undo.stopped_restore_error(folder, exc) from exc
     purged = undo.purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,
@@ -376,40 +417,33 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     )
 
 
-def _download_record(folder: Path) -> dict | None:
-    path = folder / DOWNLOAD_RECORD
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
     from pto_patch.codemods import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     release_now = installed_transformers_release()
-    download = _download_record(folder)
-    if not Manifest.exists_in(folder):
-        state = STATE_IN_PROGRESS if (folder / MANIFEST_DIR).exists() else None
+    download = read_download_record(folder)
+    state = patch_state(folder)
+    if state.manifest is None:
+        shown = STATE_IN_PROGRESS if state.interrupted else None
         return StatusResult(
-            folder, spec.name, patched=False, state=state, release_now=release_now, download=download
+            folder, spec.name, patched=False, state=shown, release_now=release_now, download=download
         )
-    manifest = Manifest.load(folder)
+    manifest = state.manifest
     modeling = folder / spec.modeling_file
     ops_found = find_injections(modeling.read_text(encoding="utf-8")) if modeling.is_file() else {}
     return StatusResult(
         folder=folder,
         spec=manifest.spec,
-        patched=manifest.state == STATE_COMPLETE,
+        patched=state.patched,
         state=manifest.state,
         ops=manifest.ops,
         ops_found=ops_found,
         release_at_apply=manifest.transformers_release,
         release_now=release_now,
         tool_version_at_apply=manifest.tool_version,
-        drifted=tuple(drifted_files(folder, manifest)),
+        drifted=state.drifted,
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
     )

@@ -13,6 +13,7 @@ fault-injection suite reaches every step of an apply and of a restore. Unarmed, 
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import signal
@@ -164,6 +165,14 @@ def move_into_place(source: Path, path: Path, *, mode: int | None = None) -> Non
         os.chmod(source, mode)
     _checkpoint(RENAME, path)
     os.replace(source, path)
+
+
+def stray_temporaries(path: Path) -> list[Path]:
+    """Temporary files a killed atomic write or link left beside `path`."""
+    path = Path(path)
+    found = sorted(path.parent.glob(f".{glob.escape(path.name)}.*.pto-tmp"))
+    link = path.with_name(f".{path.name}.pto-link-tmp")
+    return found + ([link] if link.is_symlink() or link.exists() else [])
 
 
 def remove_path(path: Path) -> None:

@@ -100,12 +100,18 @@ class Manifest:
 
     @classmethod
     def exists_in(cls, folder: Path) -> bool:
-        return cls.path_in(folder).is_file()
+        """Whether there is a manifest to honour; anything standing at its path counts (load judges it)."""
+        path = cls.path_in(folder)
+        return path.exists() or path.is_symlink() or (path.parent.exists() and not path.parent.is_dir())
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:
         """The folder's manifest, refused as damaged unless well formed and confined to the folder."""
         path = cls.path_in(folder)
+        if path.parent.exists() and not path.parent.is_dir():
+            raise _damaged(path, f"{MANIFEST_DIR} is not a folder")
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise _damaged(path, "it is not a plain file")
         try:
             manifest = cls.from_json(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError as exc:

@@ -18,10 +18,6 @@ class ModelConfig:
     raw_bytes: bytes
     data: dict[str, Any]
 
-    @property
-    def model_type(self) -> str | None:
-        return self.data.get("model_type")
-
 
 def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path:
     """--model-path, else the spec's environment variable, else the current folder; it must hold config.json."""
@@ -37,7 +33,17 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
             f"model folder {folder} (from {origin}) does not exist",
             f"pass --model-path DIR or set {spec.model_path_env}; `pto-patch download` fetches the model",
         )
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if config.is_symlink() and not config.exists():
+        raise ModelFolderError(
+            f"{config} is a link to {os.readlink(config)}, which does not exist",
+            "the download is incomplete: run `pto-patch download` again, or fix the link",
+        )
+    if config.exists() and not config.is_file():
+        raise ModelFolderError(
+            f"{config} is not a file", "point --model-path at a model folder whose config.json is a file"
+        )
+    if not config.is_file():
         raise ModelFolderError(
             f"{folder} (from {origin}) has no config.json, so it is not a model folder",
             f"pass --model-path DIR or set {spec.model_path_env} to the downloaded model's folder",
@@ -67,3 +73,14 @@ def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
             f"point --model-path at a {spec.model_type} checkpoint, or choose another --model",
         )
     return ModelConfig(path=path, raw_bytes=raw, data=data)
+
+
+def read_download_record(folder: Path) -> dict[str, Any] | None:
+    """What `download` recorded in the folder (repo id, commit, ...), or None if nothing readable is there."""
+    from pto_patch.manifest import DOWNLOAD_RECORD
+
+    try:
+        record = json.loads((Path(folder) / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

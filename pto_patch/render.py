@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from rich.table import Table
@@ -34,7 +35,20 @@ def apply_result(result, *, as_json: bool) -> None:
     )
     added = sum(1 for _, action in result.files if action == "added")
     out.print(f"  {len(result.files) - added} file(s) modified, {added} added, in {result.elapsed_s:.2f} s")
+    _config_changes(result.config_changes)
     out.print("  undo with: pto-patch restore --model-path " + str(result.folder))
+
+
+def _config_changes(changes) -> None:
+    """config.json's changes, one key a line: added keys by name, changed ones old -> new."""
+    if changes:
+        out.print("  config.json:")
+    for change in changes:
+        if change.change == "added":
+            shown = f"{len(change.new)} keys" if isinstance(change.new, dict) else json.dumps(change.new)
+            out.print(f"    {change.key} added ({shown})")
+        else:
+            out.print(f"    {change.key}: {json.dumps(change.old)} -> {json.dumps(change.new)}")
 
 
 def restore_result(result, *, as_json: bool) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.fileio import sha256_bytes, sha256_file
+from pto_patch.folder_hashes import folder_hashes, tree_hash
 from pto_patch.resources import skills_dir
 
 SKILL_NAME = "pto-patch"
@@ -65,17 +65,8 @@ def _ignored(path: Path) -> bool:
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    """Relative '/'-separated path -> sha256 of its bytes, for every file under `folder`."""
-    hashes = {}
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder)
-        if path.is_file() and not _ignored(relative):
-            hashes[relative.as_posix()] = sha256_file(path)
-    return hashes
-
-
-def tree_hash(hashes: dict[str, str]) -> str:
-    return sha256_bytes("".join(f"{path}\0{digest}\n" for path, digest in sorted(hashes.items())).encode())
+    """Relative '/'-separated path -> sha256 of its bytes, for every file of the skill under `folder`."""
+    return folder_hashes(folder, ignore=_ignored)
 
 
 def _differences(wanted: dict[str, str], found: dict[str, str]) -> tuple[str, ...]:

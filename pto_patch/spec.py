@@ -17,6 +17,8 @@ from pto_patch.errors import SpecError
 from pto_patch.resources import templates_dir
 
 OPS = ("rms_norm", "mrope", "swiglu_mlp")
+# The kernel package's switch for each op; the patched code reads it at every call.
+SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,11 @@ class ModelSpec:
                 raise SpecError(
                     f"model spec {where}: injection '{op}' needs a 'switch' and 'classes' or 'functions'",
                     "compare it with templates/specs/gutenocr_3b.json",
+                )
+            if entry["switch"] != SWITCHES[op]:
+                raise SpecError(
+                    f"model spec {where}: injection '{op}' names switch '{entry['switch']}'",
+                    f"the kernel package's switch for {op} is {SWITCHES[op]}",
                 )
             injections[op] = Injection(
                 op=op,

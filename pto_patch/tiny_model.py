@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
-from pto_patch.manifest import Manifest
+from pto_patch.patch_state import NONE, state_before_writing
 from pto_patch.spec import ModelSpec, load_spec
 
 # The Qwen2 special tokens in the order Qwen's vocabulary appends them after the BPE tokens.
@@ -491,9 +491,9 @@ def make_tiny(
     """
     plan = _plan(model, full_width, layers)
     folder = Path(directory).expanduser().resolve()
-    if Manifest.exists_in(folder):
+    if state_before_writing(folder) != NONE:  # applied, or an apply that stopped half-way
         raise ModelFolderError(
-            f"{folder} holds a patched model (.pto_patch/manifest.json)",
+            f"{folder} holds a patched model (.pto_patch/)",
             f"run `pto-patch restore --model-path {folder}` first, or pick another folder",
         )
     if folder.exists() and not folder.is_dir():

@@ -21,8 +21,10 @@ from pto_patch.fileio import (
     remove_path,
     remove_tree,
     sha256_file,
+    stray_temporaries,
 )
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
+from pto_patch.patch_state import patch_state
 
 
 def remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
@@ -70,6 +72,19 @@ def keep_edited_copies(folder: Path, drifted: list[str]) -> list[str]:
     return kept
 
 
+def check_backups(folder: Path, manifest: Manifest) -> None:
+    """Every backup still needed is there, with its original hash, before anything is touched."""
+    for record in manifest.files:
+        if record.action == "added" or is_original(folder, record):
+            continue
+        backup = folder / record.backup if record.backup else None
+        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
+            raise PtoPatchError(
+                f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
+                "the original file cannot be restored from this folder; download the model again",
+            )
+
+
 def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
     """Put every original back; a path already original is left alone, so a second run finishes the first.
 
@@ -77,8 +92,11 @@ def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
     works on the full disk that made an apply fail.
     """
     restored, removed = [], []
+    check_backups(folder, manifest)
     for record in manifest.files:
         path = folder / record.path
+        for stray in stray_temporaries(path):  # from an apply or restore killed mid-write
+            remove_path(stray)
         if record.action == "added":
             if path.is_symlink() or path.exists():
                 remove_path(path)
@@ -87,12 +105,7 @@ def put_back(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
         restored.append(record.path)
         if is_original(folder, record):
             continue
-        backup = folder / record.backup if record.backup else None
-        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
-            raise PtoPatchError(
-                f"the backup of {record.path} in {folder / MANIFEST_DIR} is missing or damaged",
-                "the original file cannot be restored from this folder; download the model again",
-            )
+        backup = folder / record.backup
         if record.symlink_target is not None:
             atomic_symlink(path, record.symlink_target)
         else:
@@ -176,15 +189,15 @@ def roll_back_failed_apply(folder: Path) -> BaseException | None:
 
 
 def what_is_left(folder: Path) -> str:
-    """What an apply that could not be rolled back left in the folder, in words."""
-    if not Manifest.exists_in(folder):
-        return f"only backups in {MANIFEST_DIR}/, no file of the model was changed"
+    """What a rollback or restore that stopped left in the folder, in words."""
+    if not Manifest.exists_in(folder):  # before apply wrote its manifest, or after restore removed it
+        return f"the original files, and leftovers in {MANIFEST_DIR}/ to clear"
     try:
         left = not_original(folder, Manifest.load(folder))
     except PtoPatchError:
         return f"a damaged {MANIFEST_DIR}/manifest.json"
     if not left:
-        return f"the original files, and {MANIFEST_DIR}/ still to be cleared"
+        return f"the original files, and leftovers in {MANIFEST_DIR}/ to clear"
     return f"{len(left)} file(s) not yet back to the original ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
 
 
@@ -206,18 +219,29 @@ def failed_apply_error(folder: Path, exc: OSError) -> PtoPatchError:
     )
 
 
-def recover(folder: Path) -> bool:
-    """Roll back an interrupted apply (or restore). Returns True when there was one."""
-    manifest_dir = folder / MANIFEST_DIR
-    if not manifest_dir.exists():
-        return False
-    if not Manifest.exists_in(folder):  # stopped before the manifest (or after it): only backups are left
-        remove_tree(manifest_dir)
-        return True
-    manifest = Manifest.load(folder)
-    if manifest.state != STATE_IN_PROGRESS:
-        return False
-    put_back(folder, manifest)
+def finish_restore(folder: Path, manifest: Manifest) -> tuple[list[str], list[str]]:
+    """Put back, check every byte, and clear .pto_patch/; returns (restored, removed)."""
+    restored, removed = put_back(folder, manifest)
     check_restored(folder, manifest)
     drop_manifest_dir(folder)
+    return restored, removed
+
+
+def stopped_restore_error(folder: Path, exc: OSError) -> PtoPatchError:
+    return PtoPatchError(
+        f"restoring {folder} stopped ({exc.strerror or exc}); left: {what_is_left(folder)}",
+        "fix the cause (free disk space, permissions), then run `pto-patch restore` again: "
+        "it finishes where this one stopped",
+    )
+
+
+def recover(folder: Path) -> bool:
+    """Roll back an interrupted apply (or restore). Returns True when there was one."""
+    state = patch_state(folder)
+    if not state.interrupted:
+        return False
+    if state.manifest is None:  # stopped before the manifest (or after it): only backups are left
+        remove_tree(folder / MANIFEST_DIR)
+        return True
+    finish_restore(folder, state.manifest)
     return True

@@ -28,3 +28,11 @@ def transformers_release() -> Callable[[str], Path]:
             pytest.skip(str(exc))
 
     return get
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The robustness suites' counts (faults, kills, races, bad inputs), when they ran."""
+    from tests.robustness_counts import summary
+
+    for line in summary():
+        terminalreporter.write_line(line)

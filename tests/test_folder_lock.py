@@ -18,6 +18,7 @@ import pytest
 from pto_patch import engine, folder_lock
 from pto_patch.errors import FolderBusyError
 from tests.folder_snapshot import snapshot
+from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,6 +161,8 @@ def test_concurrent_commands_never_lose_the_original(model_folder: Path, command
     if commands[0] == "restore":
         engine.apply_patch(model_path=model_folder)
     processes = [_cli(command, "--model-path", str(model_folder)) for command in commands]
+    COUNTS["races"] += len(processes)
+    COUNTS["race_rounds"] += 1
     outcomes = []
     for process in processes:
         stdout, stderr = process.communicate(timeout=300)
@@ -173,3 +176,16 @@ def test_concurrent_commands_never_lose_the_original(model_folder: Path, command
     if status.patched:
         engine.restore_model(model_path=model_folder)
     assert snapshot(model_folder) == before
+
+
+@pytest.mark.parametrize("command", ["verify", "bench"])
+def test_verify_and_bench_wait_for_no_writer(model_folder: Path, command: str, capsys, tmp_path: Path):
+    """They take the lock shared while they check and load: a writer at work makes them stop at once."""
+    holder = Holder(model_folder, folder_lock.EXCLUSIVE)
+    try:
+        extra = ("--output-dir", str(tmp_path)) if command == "bench" else ()
+        assert run_cli(command, "--model-path", str(model_folder), "--device", "cpu", *extra) == 1
+        stderr = capsys.readouterr().err
+        assert f"another pto-patch (pid {holder.process.pid}" in stderr and "Traceback" not in stderr
+    finally:
+        holder.release()

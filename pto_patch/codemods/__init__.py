@@ -23,7 +23,7 @@ from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
 from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
-from pto_patch.spec import OPS
+from pto_patch.spec import OPS, SWITCHES
 
 __all__ = [
     "PatchContext",
@@ -97,10 +97,10 @@ def rewrite_configuration(source: str, ctx: PatchContext) -> str:
 def find_injections(source: str, switches: dict[str, str] | None = None) -> dict[str, list[str]]:
     """{op: [target]} for every guard in `source`; a target is the class of a method or a function name.
 
-    `switches` maps switch names to ops (default: USE_PTO_<OP> for every op); guards with other
+    `switches` maps switch names to ops (default: `spec.SWITCHES`, every op); guards with other
     switches are left out.
     """
-    switches = switches or {f"USE_PTO_{op.upper()}": op for op in OPS}
+    switches = switches or {switch: op for op, switch in SWITCHES.items()}
     finder = GuardFinder()
     cst.parse_module(source).visit(finder)
     found: dict[str, list[str]] = {}

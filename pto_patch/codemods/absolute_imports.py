@@ -64,8 +64,6 @@ class AbsoluteImportsTransformer(cst.CSTTransformer):
 
 
 class AbsoluteImports:
-    name = "absolute_imports"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         spec = ctx.spec
         sibling = spec.configuration_file.removesuffix(".py")

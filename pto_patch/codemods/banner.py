@@ -31,8 +31,6 @@ BANNER_LINES = (
 
 
 class Banner:
-    name = "banner"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         if any(line.comment and line.comment.value.startswith(BANNER_MARKER) for line in module.header):
             return module

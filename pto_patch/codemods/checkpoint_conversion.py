@@ -78,8 +78,6 @@ def string_dict(pairs: dict[str, str]) -> cst.Dict:
 
 
 class CheckpointConversion:
-    name = "checkpoint_conversion"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         if any(m.matches(statement, ALREADY_ADDED) for statement in module.body):
             return module

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import libcst as cst
@@ -25,14 +26,15 @@ class PatchContext:
     release: str = "unknown"
     tool_version: str = __version__
     source_sha256: str | None = None
+    source_folder: Path | None = None  # set when the file is the model folder's own, not transformers'
 
     def where(self, file_name: str) -> str:
+        if self.source_folder is not None:
+            return f"{file_name} in {self.source_folder}"
         return f"{file_name} of transformers {self.release}"
 
 
 class Codemod(Protocol):
     """One rewrite step: `transform` returns the rewritten module or raises a PtoPatchError."""
-
-    name: str
 
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module: ...

@@ -61,8 +61,6 @@ def choose_target(functions: dict[str, cst.FunctionDef]) -> tuple[str, cst.Funct
 
 
 class InjectMrope:
-    name = "inject_mrope"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         injection = ctx.spec.injections[OP]
         where = ctx.where(file_name)

@@ -120,8 +120,6 @@ def subclass_definition(subclass: str, base: str) -> cst.ClassDef:
 
 
 class InjectRmsNorm:
-    name = "inject_rms_norm"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         targets = ctx.spec.injections[OP].classes
         facts = RmsNormFacts(targets)

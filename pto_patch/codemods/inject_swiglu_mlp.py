@@ -43,8 +43,6 @@ def class_methods(module: cst.Module, names: Sequence[str], method: str) -> dict
 
 
 class InjectSwigluMlp:
-    name = "inject_swiglu_mlp"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         injection = ctx.spec.injections[OP]
         where = ctx.where(file_name)

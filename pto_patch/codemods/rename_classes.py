@@ -154,8 +154,6 @@ def class_renames(facts: DefinedNamesCollector, ctx: PatchContext, file_name: st
 
 
 class RenameClasses:
-    name = "rename_classes"
-
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         sibling = ctx.spec.configuration_file.removesuffix(".py")
         facts = DefinedNamesCollector(sibling)

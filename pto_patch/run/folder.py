@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.errors import ModelFolderError, PtoPatchError
+from pto_patch.patch_state import patch_state
 
 KERNEL_PACKAGE = "pto_kernels"
 
@@ -26,24 +27,20 @@ class FolderState:
 
 def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> FolderState:
     """Refuse to run half-patched code, or code that differs from what apply wrote (unless allowed)."""
-    from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest, drifted_files
-
-    # An interrupted apply, as `status` sees it: a manifest still in progress, or a .pto_patch/
-    # folder that never got one.
-    manifest = Manifest.load(folder) if Manifest.exists_in(folder) else None
-    if (folder / MANIFEST_DIR).is_dir() and (manifest is None or manifest.state == STATE_IN_PROGRESS):
+    state = patch_state(folder)
+    if state.interrupted:
         raise ModelFolderError(
             f"{folder} holds an interrupted apply; refusing to run its half-patched files",
             f"run `pto-patch restore --model-path {folder}` (or `pto-patch apply` again)",
         )
-    if manifest is None:
+    if not state.patched:
         if use_pto:
             raise ModelFolderError(
                 f"{folder} is not patched (no .pto_patch/manifest.json): --use_pto has nothing to switch on",
                 f"run `pto-patch apply --model-path {folder}` first, or drop --use_pto for a baseline run",
             )
         return FolderState(folder, False, (), ())
-    drifted = tuple(drifted_files(folder, manifest))
+    drifted = state.drifted
     if drifted and not allow_modified:
         shown = ", ".join(drifted[:4]) + (" ..." if len(drifted) > 4 else "")
         raise PtoPatchError(
@@ -51,7 +48,7 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
             "refusing to execute them",
             "run `pto-patch restore` then `pto-patch apply` again, or pass --allow-modified to run them",
         )
-    return FolderState(folder, True, tuple(manifest.ops), drifted)
+    return FolderState(folder, True, tuple(state.manifest.ops), drifted)
 
 
 def import_folder_kernels(folder: Path):

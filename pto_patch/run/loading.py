@@ -14,47 +14,43 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch import __version__
+from pto_patch.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.errors import ModelFolderError
+from pto_patch.model_folder import ModelConfig
 from pto_patch.report import LoadInfo, OtherPatcher
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
 from pto_patch.run.folder import FolderState, check_folder, import_folder_kernels
 from pto_patch.spec import ModelSpec
+
+_ROPE_DATA_KEYS = ("head_dim", "hidden_size", "num_attention_heads", *ROPE_KEYS)
 
 
 def _text_config(config):
     return getattr(config, "text_config", None) or config
 
 
-def _head_dim(text_config) -> int:
-    head_dim = getattr(text_config, "head_dim", None)
-    return int(head_dim) if head_dim else int(text_config.hidden_size) // int(text_config.num_attention_heads)
+def _rope_data(config) -> dict[str, Any]:
+    """What the mrope rule reads, from a loaded config and its text_config, shaped as config.json."""
+
+    def scope(obj) -> dict[str, Any]:
+        return {key: value for key in _ROPE_DATA_KEYS if (value := getattr(obj, key, None)) is not None}
+
+    data = scope(config)
+    if getattr(config, "text_config", None) is not None:
+        data["text_config"] = scope(config.text_config)
+    return data
 
 
-def fix_rope_config(config, spec: ModelSpec) -> list[str]:
-    """The reference's fix: make sure the rope dict the attention reads carries an mrope_section.
+def fix_rope_config(config, spec: ModelSpec, config_path: Path = Path("config.json")) -> list[str]:
+    """The reference's fix: make sure every rope dict the attention may read carries the mrope_section
+    that `config_fix.choose_mrope_section` picks.
 
     4.x reads `rope_scaling["mrope_section"]`, 5.x `rope_parameters["mrope_section"]` (5.20+ silently
     defaults to [16, 24, 24], wrong for any other head size).
     """
+    section = choose_mrope_section(ModelConfig(Path(config_path), b"", _rope_data(config)), spec)
     fixes = []
     scopes = [config] + ([config.text_config] if getattr(config, "text_config", None) is not None else [])
-    head_dim = _head_dim(_text_config(config))
-    section = None
-    for scope in scopes:
-        for key in ("rope_parameters", "rope_scaling"):
-            rope = getattr(scope, key, None)
-            if isinstance(rope, dict) and rope.get("mrope_section"):
-                section = [int(x) for x in rope["mrope_section"]]
-                break
-        if section:
-            break
-    if section is None or 2 * sum(section) != head_dim:
-        if 2 * sum(spec.mrope_section) != head_dim:
-            raise ModelFolderError(
-                f"config.json's mrope_section {section} does not fit head_dim {head_dim}",
-                "set rope_scaling.mrope_section in config.json to three numbers summing to head_dim / 2",
-            )
-        section = list(spec.mrope_section)
     for scope in scopes:
         for key in ("rope_parameters", "rope_scaling"):
             rope = getattr(scope, key, None)
@@ -132,7 +128,7 @@ def load_model(
     started = time.perf_counter()
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-        rope_fixes = fix_rope_config(config, spec)
+        rope_fixes = fix_rope_config(config, spec, folder / "config.json")
         model, info = AutoModelForImageTextToText.from_pretrained(
             folder,
             config=config,

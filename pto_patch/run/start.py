@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pto_patch import folder_lock
 from pto_patch.run import loading
 from pto_patch.run.device import resolve_device
 from pto_patch.run.inputs import check_image
@@ -35,9 +36,12 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     if options.image is not None:
         check_image(Path(options.image))
     device = resolve_device(options.device)
-    loaded = loading.load_model(
-        spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
-    )
+    with folder_lock.shared(
+        folder
+    ):  # no apply or restore may change the files while they are checked and loaded
+        loaded = loading.load_model(
+            spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
+        )
     warnings: list[str] = []
     if loaded.state.modified_files:
         warnings.append(
