@@ -427,3 +427,20 @@ def test_an_output_dir_under_a_file_is_one_line_and_a_hint(hub: LocalHub, tmp_pa
     assert "is a file, not a folder" in stderr and "unexpected" not in stderr
     assert len(stderr.strip().splitlines()) == 2
     assert not hub.gets()
+
+
+def test_a_folder_another_pto_patch_works_on_is_refused_at_once(hub: LocalHub, tmp_path: Path) -> None:
+    from pto_patch import folder_lock
+    from pto_patch.errors import FolderBusyError
+    from tests.test_folder_lock import Holder
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    holder = Holder(folder, folder_lock.EXCLUSIVE)
+    try:
+        with pytest.raises(FolderBusyError, match=f"pid {holder.process.pid}"):
+            download_model(output_dir=folder)
+        assert not hub.gets() and not any(folder.iterdir())
+    finally:
+        holder.release()
+    assert download_model(output_dir=folder).complete
