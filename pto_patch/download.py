@@ -21,7 +21,6 @@ writes each file under a per-process temporary name that it deletes when the tra
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch import __version__, folder_lock
+from pto_patch import __version__, folder_lock, hub_errors
 from pto_patch.errors import DownloadError
 from pto_patch.manifest import DOWNLOAD_RECORD
 from pto_patch.model_folder import read_download_record
@@ -45,11 +44,6 @@ TOKENIZER_FILES = (("tokenizer_config.json",), ("tokenizer.json", "vocab.json"))
 PROCESSOR_FILES = ("preprocessor_config.json",)
 # Room left beyond the files themselves (temporary names, metadata), in bytes.
 DISK_MARGIN = 64 * 1024 * 1024
-
-OFFLINE_HINT = (
-    "on an offline machine, copy a complete model folder from a machine with access and point "
-    "{env} (or --model-path) at it"
-)
 
 
 @dataclass(frozen=True)
@@ -113,7 +107,7 @@ def _offline() -> bool:
     from huggingface_hub import constants
 
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; read it again so a caller's change counts.
-    return constants.is_offline_mode() or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    return constants.HF_HUB_OFFLINE or _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
 
 
 def _endpoint() -> str | None:
@@ -261,6 +255,23 @@ def model_problems(folder: Path, spec: ModelSpec) -> list[str]:
     return problems
 
 
+def lacking_in_repo(files: dict[str, int | None] | list[str]) -> list[str]:
+    """What a complete folder needs that the repository's file list does not hold at all."""
+    wanted = [
+        ("config.json",),
+        (INDEX_FILE, "model.safetensors"),
+        *TOKENIZER_FILES,
+        *((n,) for n in PROCESSOR_FILES),
+    ]
+    kinds = {"config.json": "config", INDEX_FILE: "weights", "preprocessor_config.json": "processor file"}
+    lacking = []
+    for alternatives in wanted:
+        if not any(name in files for name in alternatives):
+            kind = kinds.get(alternatives[0], "tokenizer file")
+            lacking.append(f"{kind} {' or '.join(alternatives)}")
+    return lacking
+
+
 def completeness_problems(
     folder: Path, spec: ModelSpec, sizes: dict[str, int | None] | None = None
 ) -> list[str]:
@@ -333,79 +344,6 @@ def _write_record(folder: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-def _unreachable(exc: BaseException) -> bool:
-    import httpx2
-    from huggingface_hub import errors as hub_errors
-
-    return isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, hub_errors.OfflineModeIsEnabled))
-
-
-def _translate(exc: BaseException, repo_id: str, revision: str | None, folder: Path, spec: ModelSpec):
-    """A DownloadError for a known failure of the hub client, or None."""
-    import httpx2
-    from huggingface_hub import errors as hub_errors
-
-    offline_hint = OFFLINE_HINT.format(env=spec.model_path_env)
-    endpoint = _shown_endpoint()
-    if isinstance(exc, hub_errors.OfflineModeIsEnabled):
-        return DownloadError(
-            f"offline mode is on (HF_HUB_OFFLINE) and {folder} is not complete", offline_hint
-        )
-    if isinstance(exc, hub_errors.GatedRepoError):
-        return DownloadError(
-            f"{repo_id} is gated and this account has not been granted access",
-            f"accept the model's conditions on {endpoint}/{repo_id} with the account of your token "
-            "(--token or HF_TOKEN)",
-        )
-    if isinstance(exc, hub_errors.RevisionNotFoundError):
-        return DownloadError(
-            f"revision '{revision}' not found in {repo_id}",
-            "pass a branch, tag or commit that exists in the repository, or drop --revision for main",
-        )
-    if isinstance(exc, hub_errors.RepositoryNotFoundError):
-        return DownloadError(
-            f"repository {repo_id} not found on {endpoint} (or it is private and no valid token was sent)",
-            "check --model-id; for a private repository pass --token or set HF_TOKEN",
-        )
-    if isinstance(exc, hub_errors.HfHubHTTPError):
-        status = exc.response.status_code if exc.response is not None else None
-        if status == 401:
-            return DownloadError(
-                f"the hub at {endpoint} rejected the token (401 invalid credentials)",
-                "check --token / HF_TOKEN (a read token from your account's settings), or unset it",
-            )
-        if status == 403:
-            return DownloadError(
-                f"the hub at {endpoint} refused access to {repo_id} (403)",
-                "use a token whose permissions include reading this repository",
-            )
-        return DownloadError(
-            f"the hub at {endpoint} answered {status} while downloading {repo_id}",
-            "try again later; rerunning resumes and keeps the files that finished",
-        )
-    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, hub_errors.LocalEntryNotFoundError)):
-        return DownloadError(
-            f"cannot reach the hub at {endpoint} and {folder} is not complete",
-            f"check the network, proxy and HF_ENDPOINT; {offline_hint}",
-        )
-    if isinstance(exc, httpx2.TransportError):
-        return DownloadError(
-            f"the transfer from {endpoint} broke off ({type(exc).__name__})",
-            "run the same command again: finished files are kept and the rest resumes",
-        )
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DownloadError(
-            f"disk full while writing into {folder}",
-            "free some space (or pass --output-dir on a larger disk), then run the same command again",
-        )
-    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
-        return DownloadError(
-            f"a file from {repo_id} arrived with the wrong size",
-            "run the same command again: the file is fetched anew",
-        )
-    return None
-
-
 # --- entry point -------------------------------------------------------------------------------------
 
 
@@ -433,10 +371,10 @@ def download_model(
     except DownloadError:
         raise
     except Exception as exc:
-        if _unreachable(exc) and read_download_record(folder) and not model_problems(folder, spec):
+        if hub_errors.unreachable(exc) and read_download_record(folder) and not model_problems(folder, spec):
             # No route to the hub, but a finished download is here: check it locally, as offline mode does.
             return _check_offline(folder, spec, repo_id, revision, include, exclude, started)
-        mapped = _translate(exc, repo_id, revision, folder, spec)
+        mapped = hub_errors.translate(exc, repo_id, revision, folder, spec, _shown_endpoint())
         if mapped is None:
             raise
         raise mapped from exc
@@ -444,6 +382,16 @@ def download_model(
         raise DownloadError(
             f"no file of {repo_id} matches --include {list(include)} / --exclude {list(exclude)}",
             "loosen the patterns (they are shell-style globs such as '*.json')",
+        )
+
+    lacking = [] if include or exclude else lacking_in_repo(listing.sizes)
+    if lacking:
+        more = f" (nor {', '.join(lacking[1:])})" if len(lacking) > 1 else ""
+        raise DownloadError(
+            f"{repo_id} (commit {listing.commit[:12]}) has no {lacking[0]}{more}, so no folder downloaded "
+            "from it can be complete",
+            "rerunning cannot fetch what the repository lacks: pick a repository that ships it (--model-id), "
+            "or download the rest with --include and copy the missing files in from the model it was made from",
         )
 
     present = _present(folder, listing.sizes)
@@ -468,7 +416,7 @@ def _fetch(spec, repo_id, revision, token, include, exclude, folder, listing, st
     try:
         _transfer(repo_id, listing, folder, token, include, exclude)
     except Exception as exc:
-        mapped = _translate(exc, repo_id, revision, folder, spec)
+        mapped = hub_errors.translate(exc, repo_id, revision, folder, spec, _shown_endpoint())
         if mapped is None:
             raise
         raise mapped from exc
@@ -544,7 +492,7 @@ def _check_offline(folder, spec, repo_id, revision, include, exclude, started) -
     if problems:
         raise DownloadError(
             f"offline mode is on (HF_HUB_OFFLINE) and {folder} is not complete: {problems[0]}",
-            OFFLINE_HINT.format(env=spec.model_path_env),
+            hub_errors.OFFLINE_HINT.format(env=spec.model_path_env),
         )
     files = sorted(sizes) if sizes else sorted(p.name for p in folder.iterdir() if p.is_file())
     return DownloadResult(

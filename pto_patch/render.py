@@ -53,6 +53,8 @@ def _apply_text(result) -> None:
         return
     if result.rolled_back_interrupted:
         err.print("rolled back an interrupted apply before applying again")
+    if result.overlay_of is not None:
+        out.print(f"overlay of {result.overlay_of} (left untouched) written to {result.folder}")
     out.print(
         f"patched {result.folder} for ops {', '.join(result.ops)} "
         f"(source: transformers {result.release}, {result.source})"
@@ -86,6 +88,13 @@ def _restore_text(result) -> None:
         out.print(f"  your edited copy was kept as {path}")
     for path in result.purged_module_caches:
         out.print(f"  removed stale remote-code copy {path}")
+    if result.overlay_of is not None:
+        gone = (
+            "removed the overlay folder"
+            if result.removed_folder
+            else "removed what apply made in the overlay"
+        )
+        out.print(f"  {gone}; its source {result.overlay_of} was not touched")
 
 
 def _status_text(result) -> None:
@@ -105,6 +114,13 @@ def _status_text(result) -> None:
             release += " [red](changed: restore, then apply again)[/]"
         table.add_row("transformers", release)
         table.add_row("drifted files", ", ".join(result.drifted) or "none")
+    if result.overlay:
+        table.add_row("overlay of", str(result.overlay["source"]))
+        changed = result.overlay["source_changed"]
+        table.add_row(
+            "source changed",
+            ("[red]" + ", ".join(changed) + "[/] (restore, then apply --overlay again)") if changed else "no",
+        )
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,13 +63,29 @@ def config_dangling(folder: Path) -> None:
     os.symlink("../blobs/gone", folder / "config.json")
 
 
+_PATCHED: list[Path] = []  # one patched folder, made on first use and copied for each case
+
+
 def patched_then(change: Callable[[Path], None]) -> Callable[[Path], None]:
     def make(folder: Path) -> None:
-        write_config(folder, HUB_CONFIG)
-        engine.apply_patch(model_path=folder)
+        if not _PATCHED:
+            template = Path(tempfile.mkdtemp(prefix="pto-patch-bad-inputs-")) / "model"
+            template.mkdir()
+            write_config(template, HUB_CONFIG)
+            engine.apply_patch(model_path=template)
+            _PATCHED.append(template)
+        shutil.rmtree(folder)
+        shutil.copytree(_PATCHED[0], folder, symlinks=True)
         change(folder)
 
     return make
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_patched_template():
+    yield
+    for template in _PATCHED:
+        shutil.rmtree(template.parent, ignore_errors=True)
 
 
 def manifest_edit(edit: Callable[[dict], None]) -> Callable[[Path], None]:

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 
 from pto_patch import download as download_engine
+from pto_patch import hub_errors
 from pto_patch.cli import main
 from pto_patch.download import DOWNLOAD_RECORD, download_model
 from pto_patch.errors import DownloadError
@@ -23,6 +25,8 @@ from tests.folder_snapshot import snapshot
 from tests.local_hub import LocalHub, read_folder
 
 REPO = load_spec("gutenocr_3b").hub_repo_id
+# tests/test_download_hubs.py runs this file under huggingface_hub 0.x and 1.x too; the venv has 2.x.
+HUB_MAJOR = int(huggingface_hub.__version__.split(".")[0])
 SHARD = "model-00001-of-00002.safetensors"
 BIG = "extra/big.safetensors"
 TOKEN = "hf_local_test_token"
@@ -38,7 +42,11 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     # Larger than huggingface_hub's 10 MiB read chunk, so a transfer cut past it resumes with a Range request.
     (big_folder / BIG).parent.mkdir()
     (big_folder / BIG).write_bytes(os.urandom(12 * 1024 * 1024))
-    return {"main": main_folder, "v1": v1_folder, "big": big_folder}
+    no_tokenizer = root / "no_tokenizer"
+    shutil.copytree(main_folder, no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"):
+        (no_tokenizer / name).unlink(missing_ok=True)
+    return {"main": main_folder, "v1": v1_folder, "big": big_folder, "no_tokenizer": no_tokenizer}
 
 
 @pytest.fixture()
@@ -61,6 +69,7 @@ def hub(sources, tmp_path: Path, monkeypatch) -> LocalHub:
         server.add_repo("local/big", {"main": sources["big"]})
         server.add_repo("local/private", {"main": sources["main"]}, token=TOKEN)
         server.add_repo("local/gated", {"main": sources["main"]}, gated=True)
+        server.add_repo("local/no-tokenizer", {"main": sources["no_tokenizer"]})
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         yield server
 
@@ -179,6 +188,10 @@ def test_token_the_server_requires(hub: LocalHub, tmp_path: Path, monkeypatch) -
 def test_transfer_cut_midway_resumes_with_a_range_request(hub: LocalHub, sources, tmp_path: Path) -> None:
     cut_at = 11 * 1024 * 1024
     hub.cut[BIG] = cut_at
+    if HUB_MAJOR == 0:  # hub 0.x does not resume within a run: the run stops, and the rerun resumes
+        with pytest.raises(DownloadError, match="broke off") as broke:
+            download_model(model_id="local/big", output_dir=tmp_path / "m")
+        assert "run the same command again" in broke.value.hint
     result = download_model(model_id="local/big", output_dir=tmp_path / "m")
     assert model_files(result.folder) == read_folder(sources["big"])
     ranges = [r.range for r in hub.gets() if r.range]
@@ -192,6 +205,11 @@ def test_interrupted_run_keeps_finished_files_and_the_rerun_fetches_the_rest(
 ) -> None:
     hub.fail[SHARD] = 500
     folder = tmp_path / "m"
+    if HUB_MAJOR == 0:  # hub 0.x retries a 5xx answer itself, so the run completes
+        assert download_model(output_dir=folder).complete
+        assert SHARD not in hub.fail, "the failure was never served"
+        assert model_files(folder) == hub.repos[REPO].revisions["main"].files
+        return
     with pytest.raises(DownloadError, match="500"):
         download_model(output_dir=folder)
     assert not (folder / SHARD).exists(), "a half-written shard was left under its final name"
@@ -271,6 +289,18 @@ def test_hub_errors_are_one_line_with_a_hint(hub: LocalHub, tmp_path: Path, kwar
     assert not folder.exists() or model_files(folder) == {}
 
 
+def test_a_repo_without_a_tokenizer_says_what_it_lacks(hub: LocalHub, tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    with pytest.raises(DownloadError, match="has no tokenizer file tokenizer_config.json") as lacking:
+        download_model(model_id="local/no-tokenizer", output_dir=folder)
+    assert "tokenizer.json or vocab.json" in lacking.value.message
+    assert "rerunning cannot fetch what the repository lacks" in lacking.value.hint
+    assert not folder.exists() and not hub.gets(), "bytes were fetched for a folder that cannot be complete"
+    # what it does hold can still be fetched, on purpose, with --include
+    partial = download_model(model_id="local/no-tokenizer", output_dir=folder, include=("*.json",))
+    assert not partial.complete
+
+
 def test_offline_mode(hub: LocalHub, tmp_path: Path, monkeypatch) -> None:
     download_model(output_dir=tmp_path / "done")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -315,8 +345,8 @@ def test_not_enough_disk_space_stops_before_any_transfer(hub: LocalHub, tmp_path
 
 def test_disk_full_during_the_transfer_is_one_line() -> None:
     spec = load_spec("gutenocr_3b")
-    mapped = download_engine._translate(
-        OSError(errno.ENOSPC, "No space left on device"), REPO, None, Path("/x"), spec
+    mapped = hub_errors.translate(
+        OSError(errno.ENOSPC, "No space left on device"), REPO, None, Path("/x"), spec, "http://hub"
     )
     assert mapped is not None and "disk full" in mapped.message and "space" in mapped.hint
 
@@ -397,3 +427,20 @@ def test_an_output_dir_under_a_file_is_one_line_and_a_hint(hub: LocalHub, tmp_pa
     assert "is a file, not a folder" in stderr and "unexpected" not in stderr
     assert len(stderr.strip().splitlines()) == 2
     assert not hub.gets()
+
+
+def test_a_folder_another_pto_patch_works_on_is_refused_at_once(hub: LocalHub, tmp_path: Path) -> None:
+    from pto_patch import folder_lock
+    from pto_patch.errors import FolderBusyError
+    from tests.test_folder_lock import Holder
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    holder = Holder(folder, folder_lock.EXCLUSIVE)
+    try:
+        with pytest.raises(FolderBusyError, match=f"pid {holder.process.pid}"):
+            download_model(output_dir=folder)
+        assert not hub.gets() and not any(folder.iterdir())
+    finally:
+        holder.release()
+    assert download_model(output_dir=folder).complete

@@ -264,7 +264,7 @@ fileio.arm(fileio.FaultPlan(nth=int(sys.argv[1]), kill=True))
 from pto_patch.cli import main
 main(sys.argv[2:])
 """
-KILLS_PER_COMMAND = 5
+KILLS_PER_COMMAND = 4
 
 
 def run_killed(nth: int, *args: str) -> subprocess.CompletedProcess:
