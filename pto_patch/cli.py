@@ -76,12 +76,19 @@ def apply(
     model_path: ModelPathOpt = None,
     ops: OpsOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print a unified diff; write nothing.")] = False,
+    overlay: Annotated[
+        Path | None,
+        typer.Option(
+            "--overlay",
+            help="Leave the model folder untouched: write the patched files here, with links to the rest.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite the model folder's code so the chosen ops dispatch to pto_kernels."""
     from pto_patch import engine, render
 
-    result = engine.apply_patch(model=model, model_path=model_path, ops=ops, dry_run=dry_run)
+    result = engine.apply_patch(model=model, model_path=model_path, ops=ops, dry_run=dry_run, overlay=overlay)
     render.apply_result(result, as_json=as_json)
 
 

@@ -10,12 +10,14 @@ putting back). apply and restore hold the folder's lock (folder_lock.py) from st
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pto_patch import __version__, folder_lock, undo
+from pto_patch import overlay as overlays
 from pto_patch.config_fix import ConfigChange, config_changes, fixed_config, render_config
 from pto_patch.errors import AnchorNotFoundError, DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
@@ -69,6 +71,7 @@ class ApplyResult:
     diff: str = ""
     already_applied: bool = False
     rolled_back_interrupted: bool = False
+    overlay_of: Path | None = None  # apply --overlay: the source folder, which was only read
     elapsed_s: float = 0.0
 
 
@@ -80,6 +83,8 @@ class RestoreResult:
     kept_edited: tuple[str, ...] = ()
     was_interrupted: bool = False
     purged_module_caches: tuple[str, ...] = ()
+    overlay_of: Path | None = None  # the overlay's source folder, left untouched
+    removed_folder: bool = False  # the overlay folder itself, which apply had created
     elapsed_s: float = 0.0
 
 
@@ -97,6 +102,7 @@ class StatusResult:
     drifted: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()
     download: dict | None = None
+    overlay: dict | None = None  # apply --overlay: the source folder and what changed there since
 
     @property
     def needs_reapply(self) -> bool:
@@ -218,7 +224,7 @@ _OWN_SOURCE_HINT = (
 )
 
 
-def _unified_diff(folder: Path, planned: list[PlannedFile]) -> str:
+def unified_diff(planned: list[PlannedFile]) -> str:
     chunks = []
     kernel_files = [item for item in planned if item.path.startswith(f"{KERNEL_PACKAGE}/")]
     for item in planned:
@@ -286,11 +292,15 @@ def apply_patch(
     model_path: Path | str | None = None,
     ops: str | tuple[str, ...] | None = None,
     dry_run: bool = False,
+    overlay: Path | str | None = None,
 ) -> ApplyResult:
+    """Patch the model folder in place, or with `overlay` build a patched overlay there (see overlay.py)."""
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
+    if overlay is not None:
+        return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started)
     with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
         return _apply_locked(spec, folder, chosen, dry_run, started)
 
@@ -336,7 +346,9 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"
             )
     if not dry_run:
-        _check_writable(folder, "apply")
+        read_only = overlays.read_only_error(folder)  # names --overlay; also a folder without write bits
+        if read_only is not None:
+            raise read_only
         try:
             rolled_back = undo.recover(folder)
         except OSError as exc:
@@ -356,12 +368,15 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
         config_changes=info["config_changes"],
     )
     if dry_run:
-        diff = _unified_diff(folder, planned)
+        diff = unified_diff(planned)
         return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
     try:
         _write_patch(folder, spec, chosen, planned, info)
     except OSError as exc:
-        raise undo.failed_apply_error(folder, exc) from exc
+        error = undo.failed_apply_error(folder, exc)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            error.hint = f"{error.hint}; or: {overlays.OVERLAY_HINT}"
+        raise error from exc
     except BaseException:
         undo.roll_back_failed_apply(folder)
         raise
@@ -396,6 +411,7 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
     undo.check_backups(folder, manifest)  # before anything is touched
+    overlay_record = overlays.record_of(folder, manifest)
     try:
         kept = undo.keep_edited_copies(folder, drifted)
         if not interrupted:
@@ -414,6 +430,8 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
         kept_edited=tuple(kept),
         was_interrupted=interrupted,
         purged_module_caches=tuple(purged),
+        overlay_of=Path(overlay_record.source) if overlay_record else None,
+        removed_folder=overlays.remove_created_folder(folder, overlay_record),
         elapsed_s=time.perf_counter() - started,
     )
 
@@ -447,4 +465,5 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
         drifted=state.drifted,
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
+        overlay=overlays.status_of(folder, manifest),
     )

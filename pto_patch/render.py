@@ -29,6 +29,8 @@ def apply_result(result, *, as_json: bool) -> None:
         return
     if result.rolled_back_interrupted:
         err.print("rolled back an interrupted apply before applying again")
+    if result.overlay_of is not None:
+        out.print(f"overlay of {result.overlay_of} (left untouched) written to {result.folder}")
     out.print(
         f"patched {result.folder} for ops {', '.join(result.ops)} "
         f"(source: transformers {result.release}, {result.source})"
@@ -65,6 +67,13 @@ def restore_result(result, *, as_json: bool) -> None:
         out.print(f"  your edited copy was kept as {path}")
     for path in result.purged_module_caches:
         out.print(f"  removed stale remote-code copy {path}")
+    if result.overlay_of is not None:
+        gone = (
+            "removed the overlay folder"
+            if result.removed_folder
+            else "removed what apply made in the overlay"
+        )
+        out.print(f"  {gone}; its source {result.overlay_of} was not touched")
 
 
 def status_result(result, *, as_json: bool) -> None:
@@ -89,6 +98,13 @@ def status_result(result, *, as_json: bool) -> None:
             release += " [red](changed: restore, then apply again)[/]"
         table.add_row("transformers", release)
         table.add_row("drifted files", ", ".join(result.drifted) or "none")
+    if result.overlay:
+        table.add_row("overlay of", str(result.overlay["source"]))
+        changed = result.overlay["source_changed"]
+        table.add_row(
+            "source changed",
+            ("[red]" + ", ".join(changed) + "[/] (restore, then apply --overlay again)") if changed else "no",
+        )
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)

@@ -32,6 +32,7 @@ from pto_patch.tuning_file import write_tuning
 # Backends worth trying per device kind ("torch" is the eager code behind a switch: never faster).
 DEVICE_BACKENDS = {"cpu": ("fused",), "cuda": ("fused",), "npu": ("pypto", "npu", "fused")}
 PROBE_NEW_TOKENS = 2
+WARM_UP_NEW_TOKENS = 4  # a warm-up only has to reach every shape once: prefill and a few decode steps
 WRITE_RESERVE_S = 1.0  # kept out of the measuring time for writing the file
 
 # What a tuned batch says about how it was decided.
@@ -88,24 +89,47 @@ def switch_to(kernels, candidate: Candidate) -> None:
         kernels.enable(candidate.op_names, backend=candidate.as_dict())
 
 
-def tokens_per_s(loaded, kernels, inputs, candidate: Candidate, new_tokens: int) -> float:
-    """One timed greedy run of `new_tokens` per sequence with `candidate` switched on."""
+def timed_run(loaded, kernels, inputs, candidate: Candidate, new_tokens: int):
+    """One greedy run of `new_tokens` per sequence with `candidate` switched on (a run.generation.Generation)."""
     switch_to(kernels, candidate)
-    run = generate(loaded, inputs, new_tokens, fixed_length=True, logits=False)
+    return generate(loaded, inputs, new_tokens, fixed_length=True, logits=False)
+
+
+def tokens_per_s(loaded, kernels, inputs, candidate: Candidate, new_tokens: int) -> float:
+    run = timed_run(loaded, kernels, inputs, candidate, new_tokens)
     return run.new_tokens.numel() / run.seconds if run.seconds > 0 else 0.0
 
 
-def probe(loaded, kernels, inputs, ops, backends) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
-    """Each (op, backend) once on a short run: usable where it ran and never fell back to torch."""
-    usable, notes = [], []
+def run_seconds(run, new_tokens: int) -> float:
+    """What a run of `new_tokens` would take, from a shorter run's prefill and decode-step times."""
+    if run.prefill_s is None or run.decode_step_s is None:
+        return run.seconds * new_tokens  # too short to tell: assume every token costs the whole run
+    return run.prefill_s + (new_tokens - 1) * run.decode_step_s
+
+
+def probe(
+    loaded, kernels, inputs, ops, backends, clock, deadline: float
+) -> tuple[list[tuple[str, str]], list[dict], float]:
+    """Each (op, backend) once on a short run: usable where it ran and never fell back to torch.
+
+    Also returns the longest probe's seconds, the first estimate of how long a run takes. None
+    starts that should end past `deadline`.
+    """
+    usable, notes, longest = [], [], 0.0
     for op in ops:
         for backend in backends:
+            if clock() + longest > deadline:
+                note = "not tried: the budget was spent"
+                notes.append({"op": op, "backend": backend, "runs_here": False, "note": note})
+                continue
             kernels.reset_stats()
             candidate = Candidate.of({op: backend})
+            started = clock()
             try:
                 tokens_per_s(loaded, kernels, inputs, candidate, PROBE_NEW_TOKENS)
             finally:
                 kernels.disable()
+            longest = max(longest, clock() - started)
             entry = kernels.stats()[op]
             if entry["fallbacks"]:
                 note = f"falls back to torch here ({entry['first_fallback_error']})"
@@ -116,7 +140,7 @@ def probe(loaded, kernels, inputs, ops, backends) -> tuple[list[tuple[str, str]]
                 usable.append((op, backend))
             notes.append({"op": op, "backend": backend, "runs_here": note == "runs here", "note": note})
     kernels.reset_stats()
-    return usable, notes
+    return usable, notes, longest
 
 
 def batch_entry(decision: tune_selection.BatchDecision) -> dict[str, Any]:
@@ -191,10 +215,15 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     result.input = description
     ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]
     backends = backends_to_try(options.kernel_backend, device.kind)
-    usable, result.probes = probe(loaded, kernels, repeat_for_batch(single, 1, device), ops, backends)
+    end = began + options.budget_s - WRITE_RESERVE_S
+    usable, result.probes, probe_s = probe(
+        loaded, kernels, repeat_for_batch(single, 1, device), ops, backends, clock, end
+    )
+    # How long a warm-up takes, so that none starts that would end past the budget: scaled linearly in
+    # batch size from the last one measured (an overstatement: decode is memory bound).
+    warm_up_s, warm_up_batch = probe_s * WARM_UP_NEW_TOKENS / PROBE_NEW_TOKENS, 1
     rules = Rules(warmup=options.warmup, max_rounds=options.iters, min_gain=options.min_gain)
 
-    decisions = []
     for index, batch in enumerate(batches):
         inputs = repeat_for_batch(single, batch, device)
         left = options.budget_s - (clock() - began) - WRITE_RESERVE_S
@@ -206,6 +235,18 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
                 on_run(batch, candidate.label, clock() - began)
             return speed
 
+        warm_ups: list[float] = []
+
+        def warm_up(candidate: Candidate, inputs=inputs, batch=batch, warm_ups=warm_ups) -> float:
+            started = clock()
+            run = timed_run(
+                loaded, kernels, inputs, candidate, min(WARM_UP_NEW_TOKENS, options.output_length)
+            )
+            warm_ups.append(clock() - started)
+            if on_run is not None:
+                on_run(batch, f"{candidate.label} (warm-up)", clock() - began)
+            return run_seconds(run, options.output_length)
+
         try:
             decision = tune_selection.decide_batch(
                 batch,
@@ -214,10 +255,13 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
                 rules,
                 deadline=deadline,
                 clock=clock,
+                warm_up=warm_up,
+                expected_warm_up_s=warm_up_s * batch / warm_up_batch,
             )
         finally:
             kernels.disable()
-        decisions.append(decision)
+        if warm_ups:
+            warm_up_s, warm_up_batch = max(warm_ups), batch
         result.batches.append(batch_entry(decision))
 
     header = {

@@ -4,10 +4,10 @@ Each candidate is a set of (op, backend) pairs; the empty set is the baseline (e
 Runs are measured in rounds: every round runs the baseline and each live candidate once, the order
 reversed every other round, and each candidate run's speed is taken relative to the baseline
 interpolated between the baseline runs around it, so a shared machine's drift cancels out. A candidate's gain is the
-median of its per-round ratios, with a noise band from their spread; rounds continue until every
-candidate's band is clear of 1 (faster or slower), narrower than `resolution` (no difference worth
-having), or the time is up. The choice is the candidate with the best median ratio whose whole band
-lies above 1 + min_gain; if there is none, nothing is switched on.
+median of its per-run ratios, with a noise band from their spread; rounds continue until every
+candidate's band is clear of 1 (faster or slower, confirmed by a sign test), within 1 +- `resolution`
+(no difference worth having), or the time is up. The choice is the candidate with the best median
+ratio measured faster; if there is none, nothing is switched on.
 """
 
 from __future__ import annotations
@@ -100,21 +100,22 @@ class Rules:
     alpha: float = 0.05  # sign-test level a "faster" verdict must also pass
 
 
-def sign_p(ratios: Sequence[float]) -> float:
-    """One-sided sign test: the chance of at least this many ratios above 1 if none were faster."""
+def sign_p(ratios: Sequence[float], above: bool = True) -> float:
+    """One-sided sign test: the chance of at least this many ratios above 1 (below 1 with
+    above=False) if the candidate made no difference."""
     n = len(ratios)
-    above = sum(1 for r in ratios if r > 1.0)
-    return sum(math.comb(n, k) for k in range(above, n + 1)) / 2**n if n else 1.0
+    count = sum(1 for r in ratios if (r > 1.0 if above else r < 1.0))
+    return sum(math.comb(n, k) for k in range(count, n + 1)) / 2**n if n else 1.0
 
 
 def verdict(ratios: Sequence[float], rules: Rules) -> str:
-    """faster when the band clears 1 + min_gain and the ratios are above 1 more often than chance allows
-    (a median band from few runs can be narrow by luck); slower when the band lies below 1; within noise
-    once the band lies within 1 +- resolution; undecided otherwise."""
+    """faster when the band clears 1 + min_gain and the ratios lie above 1 more often than chance
+    allows (a median band from few runs can be narrow by luck); slower likewise below 1; within
+    noise once the band lies within 1 +- resolution; undecided otherwise."""
     estimate = band(ratios, rules.z)
     if estimate.low > 1.0 + rules.min_gain and sign_p(ratios) <= rules.alpha:
         return FASTER
-    if estimate.high < 1.0:
+    if estimate.high < 1.0 and sign_p(ratios, above=False) <= rules.alpha:
         return SLOWER
     if 1.0 - rules.resolution <= estimate.low and estimate.high <= 1.0 + rules.resolution:
         return WITHIN_NOISE
@@ -127,9 +128,10 @@ class Measured:
 
     candidate: Candidate
     tokens_per_s: list[float] = field(default_factory=list)
-    ratios: list[float] = field(default_factory=list)  # per round, over the same round's baseline
+    ratios: list[float] = field(default_factory=list)  # per run, over the baseline interpolated around it
     band: Band | None = None
     verdict: str = NOT_MEASURED
+    seconds: list[float] = field(default_factory=list)  # how long each measured run took
 
     def summary(self) -> dict[str, Any]:
         speeds = self.tokens_per_s
@@ -169,6 +171,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 Clock = Callable[[], float]
 RunOnce = Callable[[Candidate], float]  # runs the workload with the candidate switched on: tokens/s
+WarmUp = Callable[[Candidate], float | None]  # a short unmeasured run: the seconds a measured one would take
 
 
 def paired_ratios(timeline: Sequence[tuple[Candidate, float]], candidate: Candidate) -> list[float]:
@@ -201,41 +204,53 @@ def measure(
     deadline: float = math.inf,
     clock: Clock = time.perf_counter,
     on_run: Callable[[Candidate], None] | None = None,
+    warm_up: WarmUp | None = None,
+    expected_warm_up_s: float = 0.0,
 ) -> dict[Candidate, Measured]:
     """Measure the baseline and `candidates` in alternating rounds until each is decided or time is up.
 
-    A candidate decided faster, slower or within noise (after min_rounds) leaves the rounds; the
-    baseline stays. A round is only started if the earlier ones say it ends before `deadline`.
+    Each candidate is first warmed up `rules.warmup` times, unmeasured: by `warm_up`, which returns
+    its estimate of one measured run's seconds, or by a measured-length run itself. A candidate leaves
+    the rounds once decided (after min_rounds); the baseline stays. A warm-up or round is only started if it should end
+    before `deadline`, judged by the runs so far (`expected_warm_up_s` before the first warm-up).
     """
     ordered = [BASELINE] + [c for c in dict.fromkeys(candidates) if not c.is_baseline]
     results = {c: Measured(c) for c in ordered}
+    estimates: list[float] = []  # of one measured run, from the warm-ups
     for candidate in ordered:
         for _ in range(rules.warmup):
-            if clock() >= deadline:
+            if clock() + expected_warm_up_s > deadline:
                 return results
-            run_once(candidate)
+            started = clock()
+            estimate = warm_up(candidate) if warm_up is not None else None
+            if warm_up is None:
+                run_once(candidate)
+            took = clock() - started
+            expected_warm_up_s = max(expected_warm_up_s, took)
+            estimates.append(took if warm_up is None else (estimate or 0.0))
             if on_run is not None:
                 on_run(candidate)
     timeline: list[tuple[Candidate, float]] = []
+    run_times: list[float] = []
     live = ordered[1:]
-    round_times: list[float] = []
     for index in range(rules.max_rounds):
         if not live:
             break
-        expected = statistics.median(round_times) if round_times else 0.0
-        if clock() + expected > deadline:
-            break
-        started = clock()
         this_round = [BASELINE] + live
+        per_run = statistics.median(run_times) if run_times else max(estimates, default=0.0)
+        if clock() + per_run * len(this_round) > deadline:
+            break
         if index % 2:
             this_round.reverse()
         for candidate in this_round:
+            started = clock()
             speed = run_once(candidate)
+            run_times.append(clock() - started)
             timeline.append((candidate, speed))
             results[candidate].tokens_per_s.append(speed)
+            results[candidate].seconds.append(run_times[-1])
             if on_run is not None:
                 on_run(candidate)
-        round_times.append(clock() - started)
         for candidate in ordered[1:]:
             entry = results[candidate]
             if not entry.tokens_per_s:
@@ -274,6 +289,12 @@ def combinations(measured: dict[Candidate, Measured]) -> list[Candidate]:
     ]
 
 
+def typical_run_s(measured: Iterable[Measured]) -> float:
+    """The median duration of the measured runs (0 when none ran)."""
+    seconds = [s for entry in measured for s in entry.seconds]
+    return statistics.median(seconds) if seconds else 0.0
+
+
 def choose(measured: Iterable[Measured]) -> Measured | None:
     """The candidate with the best median ratio among those measured faster; None: nothing on."""
     faster = [entry for entry in measured if entry.verdict == FASTER]
@@ -293,6 +314,10 @@ class BatchDecision:
     stages: int
 
     @property
+    def typical_run_s(self) -> float:
+        return typical_run_s([self.baseline, *self.tried])
+
+    @property
     def chosen_ops(self) -> dict[str, str]:
         return self.chosen.candidate.as_dict() if self.chosen is not None else {}
 
@@ -306,15 +331,18 @@ def decide_batch(
     deadline: float = math.inf,
     clock: Clock = time.perf_counter,
     on_run: Callable[[Candidate], None] | None = None,
+    warm_up: WarmUp | None = None,
+    expected_warm_up_s: float = 0.0,
 ) -> BatchDecision:
     """`alone` (each op on one backend, see `singles`); then, time allowing, the combinations of the ops
     that measured faster alone."""
-    first = measure(alone, run_once, rules, deadline=deadline, clock=clock, on_run=on_run)
+    timing = {"deadline": deadline, "clock": clock, "on_run": on_run, "warm_up": warm_up}
+    first = measure(alone, run_once, rules, expected_warm_up_s=expected_warm_up_s, **timing)
     tried = [entry for candidate, entry in first.items() if not candidate.is_baseline]
     stages = 1
     combos = combinations(first)
     if combos and clock() < deadline:
-        second = measure(combos, run_once, rules, deadline=deadline, clock=clock, on_run=on_run)
+        second = measure(combos, run_once, rules, expected_warm_up_s=expected_warm_up_s, **timing)
         tried += [entry for candidate, entry in second.items() if not candidate.is_baseline]
         stages = 2
     return BatchDecision(batch, choose(tried), first[BASELINE], tried, stages)

@@ -24,6 +24,7 @@ from pto_patch.fileio import (
     stray_temporaries,
 )
 from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
+from pto_patch.overlay import remove_links
 from pto_patch.patch_state import patch_state
 
 
@@ -223,6 +224,7 @@ def finish_restore(folder: Path, manifest: Manifest) -> tuple[list[str], list[st
     """Put back, check every byte, and clear .pto_patch/; returns (restored, removed)."""
     restored, removed = put_back(folder, manifest)
     check_restored(folder, manifest)
+    removed += remove_links(folder, manifest)  # an overlay's links into its source (none in place)
     drop_manifest_dir(folder)
     return restored, removed
 

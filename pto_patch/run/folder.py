@@ -23,10 +23,13 @@ class FolderState:
     patched: bool
     patched_ops: tuple[str, ...]
     modified_files: tuple[str, ...]
+    source_changed: tuple[str, ...] = ()  # apply --overlay: what changed in the source since apply
 
 
 def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> FolderState:
     """Refuse to run half-patched code, or code that differs from what apply wrote (unless allowed)."""
+    from pto_patch.overlay import record_of, source_changes
+
     state = patch_state(folder)
     if state.interrupted:
         raise ModelFolderError(
@@ -48,7 +51,16 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
             "refusing to execute them",
             "run `pto-patch restore` then `pto-patch apply` again, or pass --allow-modified to run them",
         )
-    return FolderState(folder, True, tuple(state.manifest.ops), drifted)
+    source_changed = tuple(source_changes(folder, state.manifest))
+    if source_changed and not allow_modified:
+        shown = ", ".join(source_changed[:4]) + (" ..." if len(source_changed) > 4 else "")
+        raise PtoPatchError(
+            f"{folder} is an overlay whose source folder {record_of(folder, state.manifest).source} changed "
+            f"since apply ({shown}); its patched files were made for the old one",
+            f"run `pto-patch restore --model-path {folder}`, then apply --overlay {folder} again, "
+            "or pass --allow-modified to run it anyway",
+        )
+    return FolderState(folder, True, tuple(state.manifest.ops), drifted, source_changed)
 
 
 def import_folder_kernels(folder: Path):

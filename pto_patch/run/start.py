@@ -48,6 +48,11 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
             "--allow-modified: ran patched files that differ from what apply wrote: "
             + ", ".join(loaded.state.modified_files)
         )
+    if loaded.state.source_changed:
+        warnings.append(
+            "--allow-modified: ran an overlay whose source folder changed since apply: "
+            + ", ".join(loaded.state.source_changed)
+        )
     failures = load_failures(loaded.load_info)
     loaded.other_patchers = find_other_patchers(loaded.model, spec)
     # Every op this run may switch on (--use_dynamic_config only ever switches a subset of these on).
