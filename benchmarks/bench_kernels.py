@@ -5,19 +5,15 @@
 Backends are timed round-robin within one run (same load on the machine). "ratio" is eager time divided by
 the backend's time (> 1 is faster). MRoPE is timed as one 36-layer forward: fresh cos/sin tables, then 36
 calls with them, as the decoder does. Also reports what a switched-off guard in the modeling code costs,
-and PyPTO's SIM-mode cost-model estimate per kernel (cycles of a simulated Ascend core; no NPU needed),
-each kernel compiled and simulated in its own subprocess with a time limit.
+and, for one decode shape per kernel, PyPTO's SIM cost-model estimate (a whole simulated 910B chip, not
+hardware; no NPU needed). benchmarks/bench_sim.py covers every shape with roofline ratios.
 """
 
 import argparse
+import importlib.util
 import json
-import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -159,135 +155,21 @@ def bench_guard() -> dict:
     return {"guard_ns": with_guard * 1e9, "loop_overhead_ns": empty * 1e9}
 
 
-# --- PyPTO SIM cost model -----------------------------------------------------------------------------
+# --- PyPTO SIM cost model (benchmarks/bench_sim.py) --------------------------------------------------
 
-SIM_TIMEOUT_S = 60
-# GutenOCR widths: text hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, mrope_section [16, 24, 24]
-SIM_KERNELS = [
-    ("rms_norm", {"rows": 1, "hidden": 2048}),
-    ("rms_norm", {"rows": 128, "hidden": 2048}),
-    ("mrope", {"seq": 1, "mixed": False}),
-    ("mrope", {"seq": 1, "mixed": True}),
-    ("mrope", {"seq": 128, "mixed": False}),
-    ("swiglu_mlp", {"tokens": 1}),
-    ("swiglu_mlp", {"tokens": 16}),
-]
+SIM_TIMEOUT_S = 600
 
 
-def _sim_child(request: str) -> None:
-    """In the subprocess: build one kernel in SIM mode and call it once (pypto writes the report)."""
-    from pto_kernels import pypto_kernels
+def sim_estimates(timeout_s: int) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_sim
 
-    op, params = json.loads(request)
-    bf16 = torch.bfloat16
-    if op == "rms_norm":
-        rows, hidden = params["rows"], params["hidden"]
-        kernel = pypto_kernels._build_rms_norm(rows, hidden, bf16, 1e-6, "sim")
-        x = torch.randn(rows, hidden, dtype=bf16)
-        kernel(x, torch.ones(1, hidden, dtype=bf16), torch.empty_like(x))
-    elif op == "mrope":
-        seq, mixed = params["seq"], params["mixed"]
-        kernel = pypto_kernels._build_mrope(1, 16, 2, seq, 128, bf16, bf16, (16, 24, 24), mixed, "sim")
-        q, k = torch.randn(16 * seq, 128, dtype=bf16), torch.randn(2 * seq, 128, dtype=bf16)
-        cos = torch.randn(seq if mixed else 3 * seq, 128, dtype=bf16)
-        kernel(q, k, cos, cos.clone(), torch.empty_like(q), torch.empty_like(k))
-    elif op == "swiglu_mlp":
-        tokens = params["tokens"]
-        kernel = pypto_kernels._build_swiglu_mlp(tokens, 2048, 11008, bf16, "sim")
-        x = torch.randn(tokens, 2048, dtype=bf16)
-        gate, up = torch.randn(11008, 2048, dtype=bf16), torch.randn(11008, 2048, dtype=bf16)
-        kernel(x, gate, up, torch.randn(2048, 11008, dtype=bf16), torch.empty_like(x))
-    else:
-        raise ValueError(op)
-
-
-def _report_number(text: str, label: str) -> float | None:
-    match = re.search(rf"^\s*(?:\|--)?{re.escape(label)}[.\s]*:\s*([0-9.]+)", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def _last_error_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.search(r"error|Error|ERROR|not found|Errcode", ln)]
-    return (errors or lines or ["(no output)"])[-1][:300]
-
-
-def _run_sim(op: str, params: dict, timeout_s: int) -> dict:
-    entry = {"op": op, "params": params, "dtype": "bfloat16"}
-    with tempfile.TemporaryDirectory(prefix="pto_sim_") as tmp:
-        env = dict(os.environ, TILE_FWK_OUTPUT_DIR=tmp)
-        env.pop("ASCEND_HOME_PATH", None)  # without CANN pypto must stay in SIM mode
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "--sim-child", json.dumps([op, params])],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            start_new_session=True,  # its own process group: a timeout also ends pypto's g++ children
-        )
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return entry | {"status": "not available", "reason": f"SIM did not finish in {timeout_s} s"}
-        entry["wall_s"] = round(time.perf_counter() - start, 1)
-        reports = sorted(Path(tmp).glob("*/CostModelSimulationOutput/_simulate.stat.report.txt"))
-        if proc.returncode != 0:
-            return entry | {
-                "status": "not available",
-                "reason": f"exit {proc.returncode}: {_last_error_line(output)}",
-            }
-        if not reports:
-            return entry | {
-                "status": "not available",
-                "reason": "no cost-model report: " + _last_error_line(output),
-            }
-        report = reports[-1].read_text()
-        entry |= {
-            "status": "ok",
-            "total_cycles": _report_number(report, "Total Cycles"),
-            "max_task_cycles": _report_number(report, "Max Task Cycles"),
-            "tasks": _report_number(report, "Total Submit Tasks"),
-            "aicore_end_to_end_us": _report_number(output, "AICore End-to-End Time"),
-        }
-    return entry
-
-
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def print_sim(sim: list[dict], timeout_s: int) -> None:
-    if not sim:
-        return
-    print(f"\nPyPTO SIM cost model: bf16, one call, cycles of a simulated Ascend core ({timeout_s} s limit)")
-    print(
-        f"{'kernel':<12} {'params':<32} {'total cycles':>13} {'max task':>9} {'aicore us':>10} {'wall s':>7}"
-    )
-    for e in sim:
-        params = json.dumps(e["params"])
-        if e["status"] != "ok":
-            print(f"{e['op']:<12} {params:<32} not available: {e['reason']}")
-            continue
-        print(
-            f"{e['op']:<12} {params:<32} {_cell(e['total_cycles'], '.0f'):>13}"
-            f" {_cell(e['max_task_cycles'], '.0f'):>9} {_cell(e['aicore_end_to_end_us'], '.2f'):>10}"
-            f" {e['wall_s']:>7.1f}"
-        )
-
-
-def sim_cycles(quick: bool, timeout_s: int) -> list[dict]:
-    import importlib.util
-
-    kernels = [SIM_KERNELS[i] for i in (0, 2, 5)] if quick else SIM_KERNELS
+    entries = bench_sim.sim_entries(bench_sim.QUICK, timeout_s)
     if importlib.util.find_spec("pypto") is None:
-        return [
-            {"op": op, "params": p, "status": "not available", "reason": "pypto not installed (extra `pto`)"}
-            for op, p in kernels
-        ]
-    return [_run_sim(op, params, timeout_s) for op, params in kernels]
+        print("PyPTO SIM cost model: not available: pypto not installed (extra `pto`)")
+    else:
+        bench_sim.print_table(entries, bench_sim.soc_config())
+    return entries
 
 
 def main() -> None:
@@ -295,13 +177,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write results here")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
-    parser.add_argument("--no-sim", action="store_true", help="skip the PyPTO SIM cycle estimates")
+    parser.add_argument("--no-sim", action="store_true", help="skip the PyPTO SIM cost-model estimates")
     parser.add_argument("--sim-timeout", type=int, default=SIM_TIMEOUT_S, help="seconds per SIM kernel")
-    parser.add_argument("--sim-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.sim_child:
-        _sim_child(args.sim_child)
-        return
     torch.manual_seed(0)
     rows = bench_rms_norm(args.repeats, args.quick)
     rows += bench_mrope(args.repeats, args.quick)
@@ -329,14 +207,14 @@ def main() -> None:
     print(
         f"switched-off guard: {guard['guard_ns']:.0f} ns per call (empty loop {guard['loop_overhead_ns']:.0f} ns)"
     )
-    sim = [] if args.no_sim else sim_cycles(args.quick, args.sim_timeout)
-    print_sim(sim, args.sim_timeout)
+    print()
+    sim = [] if args.no_sim else sim_estimates(args.sim_timeout)
     doc = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "results": results,
         "guard": guard,
-        "pypto_sim_cycles": sim,
+        "pypto_sim": sim,
     }
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2))

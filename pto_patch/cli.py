@@ -89,7 +89,7 @@ def apply(
     from pto_patch import engine, render
 
     result = engine.apply_patch(model=model, model_path=model_path, ops=ops, dry_run=dry_run, overlay=overlay)
-    render.apply_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 @app.command()
@@ -105,7 +105,7 @@ def restore(
     from pto_patch import engine, render
 
     result = engine.restore_model(model=model, model_path=model_path, force=force)
-    render.restore_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 @app.command()
@@ -118,7 +118,7 @@ def status(
     from pto_patch import engine, render
 
     result = engine.model_status(model=model, model_path=model_path)
-    render.status_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 @app.command("make-tiny")
@@ -141,7 +141,7 @@ def make_tiny(
     result = tiny_model.make_tiny(
         directory, model=model, full_width=full_width, layers=layers, seed=seed, force=force
     )
-    render.make_tiny_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 @app.command()
@@ -158,7 +158,7 @@ def models(
     from pto_patch import render
     from pto_patch.model_catalog import list_models
 
-    render.models_result(list_models(model), as_json=as_json)
+    render.show(list_models(model), as_json=as_json)
 
 
 # --- download ---------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def download(
         include=tuple(include or ()),
         exclude=tuple(exclude or ()),
     )
-    render.download_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 # --- verify, bench, demo -----------------------------------------------------------------------------
@@ -315,11 +315,11 @@ def verify(
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import verify_render
+    from pto_patch import render
     from pto_patch.verify import VerifyOptions, run_verify
 
     report = run_verify(_options(VerifyOptions, parameters))
-    verify_render.verify_report(report, as_json=as_json)
+    render.show(report, as_json=as_json)
     raise typer.Exit(report.exit_code)
 
 
@@ -354,11 +354,11 @@ def bench(
 ) -> None:
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import verify_render
+    from pto_patch import render
     from pto_patch.bench import BenchOptions, run_bench
 
     result = run_bench(_options(BenchOptions, parameters))
-    verify_render.bench_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
     raise typer.Exit(result.exit_code)
 
 
@@ -371,15 +371,15 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """Offline, in under a minute: make-tiny, apply, status, verify --use_pto on an image, restore."""
-    from pto_patch import verify_render
+    from pto_patch import render
     from pto_patch.demo import run_demo
 
     result = run_demo(
         directory,
         keep=keep,
-        on_step=lambda name, step, seconds: verify_render.demo_step(name, step, seconds, as_json),
+        on_step=lambda step, outcome, seconds: render.demo_progress(outcome, step, seconds, as_json=as_json),
     )
-    verify_render.demo_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
     raise typer.Exit(result.exit_code)
 
 
@@ -424,13 +424,13 @@ def tune(
 ) -> None:
     """Measure which ops make the model faster on this device, per batch size; write .pto_patch/tuning.json."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import tune_render
+    from pto_patch import render, tune_render
     from pto_patch.tune import TuneOptions, run_tune
 
     options = _options(TuneOptions, parameters)
     with tune_render.progress(options.budget_s) as on_run:
         result = run_tune(options, on_run=on_run)
-    tune_render.tune_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
     raise typer.Exit(result.exit_code)
 
 
@@ -461,7 +461,7 @@ def skill_install(
     from pto_patch import render, skill
 
     result = skill.install_skill(directory, force=force)
-    render.skill_install_result(result, as_json=as_json)
+    render.show(result, as_json=as_json)
 
 
 @skill_app.command("show")

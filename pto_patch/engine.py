@@ -3,7 +3,8 @@
 apply plans every change in memory first (codemods, config.json, the kernel package), then
 writes backups, a manifest marked in progress, the files (each atomically), and finally marks
 the manifest complete. Any command that finds a manifest still in progress rolls that apply
-back, so an interrupted apply never leaves a half-patched folder behind.
+back, so an interrupted apply never leaves a half-patched folder behind (undo.py does the
+putting back). apply and restore hold the folder's lock (folder_lock.py) from start to end.
 """
 
 from __future__ import annotations

@@ -1,22 +1,46 @@
-"""Rendering of engine results: rich text on the terminal, or one JSON document with --json."""
+"""All text output of the commands, and the one place that chooses text or JSON.
+
+A command returns a result object; `show` prints it once: exactly one JSON document with --json
+(`report.json_document`, one schema version), else text on the terminal. The text renderers
+read the result's fields, never its JSON.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from rich.table import Table
 
 from pto_patch.console import err, out, print_json
-from pto_patch.report import document
+from pto_patch.report import DEMO_TIMING_NOTE, json_document, ratio_of
 
 
-def apply_result(result, *, as_json: bool) -> None:
+def show(result: Any, *, as_json: bool) -> None:
+    """Print one command's result: exactly one JSON document, or text."""
     if as_json:
-        doc = document("apply", result)
-        doc["files"] = [{"path": p, "action": a} for p, a in result.files]
-        print_json(doc)
+        print_json(json_document(result))
+    else:
+        TEXT[type(result).__name__](result)
+
+
+def demo_progress(result: Any, step: str, seconds: float, *, as_json: bool) -> None:
+    """One finished demo step (on stderr under --json, so stdout keeps its one document)."""
+    if as_json:
+        err.print(f"demo: {step} done in {seconds:.1f} s")
         return
+    out.rule(f"{step} ({seconds:.1f} s)")
+    show(result, as_json=False)
+    if type(result).__name__ == "VerifyReport":
+        out.print(f"[yellow]note:[/] {DEMO_TIMING_NOTE}", markup=True, highlight=False)
+
+
+# --- apply, restore, status -----------------------------------------------------------------------
+
+
+def _apply_text(result) -> None:
     if result.already_applied:
         out.print(f"{result.folder} is already patched (ops: {', '.join(result.ops)}); nothing to do.")
         return
@@ -53,10 +77,7 @@ def _config_changes(changes) -> None:
             out.print(f"    {change.key}: {json.dumps(change.old)} -> {json.dumps(change.new)}")
 
 
-def restore_result(result, *, as_json: bool) -> None:
-    if as_json:
-        print_json(document("restore", result))
-        return
+def _restore_text(result) -> None:
     if result.was_interrupted:
         err.print("the folder held an interrupted apply; it was rolled back")
     out.print(
@@ -76,12 +97,7 @@ def restore_result(result, *, as_json: bool) -> None:
         out.print(f"  {gone}; its source {result.overlay_of} was not touched")
 
 
-def status_result(result, *, as_json: bool) -> None:
-    if as_json:
-        doc = document("status", result, needs_reapply=result.needs_reapply)
-        doc["files"] = [{"path": p, "action": a} for p, a in result.files]
-        print_json(doc)
-        return
+def _status_text(result) -> None:
     table = Table(show_header=False, box=None)
     table.add_row("folder", str(result.folder))
     table.add_row("spec", result.spec)
@@ -110,13 +126,10 @@ def status_result(result, *, as_json: bool) -> None:
     out.print(table)
 
 
-# --- models ------------------------------------------------------------------------------------------
+# --- models, make-tiny, download, skill -----------------------------------------------------------
 
 
-def models_result(result, *, as_json: bool) -> None:
-    if as_json:
-        print_json(document("models", result.to_json()))
-        return
+def _models_text(result) -> None:
     for entry in result.models:
         spec, shape = entry.spec, entry.to_json()["checkpoint"]
         where = "" if spec.builtin else f"  [{spec.source_path}]"
@@ -139,13 +152,7 @@ def models_result(result, *, as_json: bool) -> None:
             out.print(f"  sources disagree: {note}", highlight=False)
 
 
-# --- make-tiny and download ---------------------------------------------------------------------------
-
-
-def make_tiny_result(result, *, as_json: bool) -> None:
-    if as_json:
-        print_json(document("make-tiny", result.to_json()))
-        return
+def _make_tiny_text(result) -> None:
     width = "full-width" if result.full_width else "tiny"
     out.print(
         f"wrote a {width} random-weight model to {result.path}: {result.layers} decoder layer(s), "
@@ -154,10 +161,7 @@ def make_tiny_result(result, *, as_json: bool) -> None:
     out.print(f"  try: pto-patch apply --model-path {result.path}")
 
 
-def download_result(result, *, as_json: bool) -> None:
-    if as_json:
-        print_json(document("download", result.to_json()))
-        return
+def _download_text(result) -> None:
     total = result.total_size
     size = f"{total / 1e9:.2f} GB" if total >= 1e8 else f"{total / 1e6:.1f} MB"
     commit = result.commit or "unknown commit"
@@ -178,13 +182,7 @@ def download_result(result, *, as_json: bool) -> None:
         out.print(f"  next: pto-patch apply --model-path {result.folder}")
 
 
-# --- skill ------------------------------------------------------------------------------------------
-
-
-def skill_install_result(result, *, as_json: bool) -> None:
-    if as_json:
-        print_json(document("skill install", result.to_json()))
-        return
+def _skill_install_text(result) -> None:
     if result.action == "unchanged":
         out.print(
             f"{result.destination} already holds this pto-patch skill ({len(result.files)} files); nothing to do."
@@ -197,3 +195,239 @@ def skill_install_result(result, *, as_json: bool) -> None:
     )
     out.print(f"{verb} {result.destination} ({len(result.files)} files)")
     out.print(f"  start with: {result.destination / 'SKILL.md'}")
+
+
+# --- verify, bench, demo --------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(new: float | None, old: float | None) -> str:
+    if new is None or not old:
+        return "-"
+    return f"{(new - old) / old * 100:+.1f} %"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+# (label, ModeMetrics attribute, digits): the rows verify's and bench's timing tables share.
+MODE_ROWS = (
+    ("load (s, shared)", "load_s", 3),
+    ("latency (s)", "latency_s", 4),
+    ("tokens per run", "tokens", 0),
+    ("tokens / s", "tokens_per_s", 2),
+    ("tokens / s, median run", "tokens_per_s_median", 2),
+    ("peak memory (MB)", "peak_memory_mb", 1),
+)
+
+
+def _messages(failures: list[str], warnings: list[str]) -> None:
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+    for failure in failures:
+        err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
+
+
+def _verify_text(report) -> None:
+    source = report.input
+    what = f"image {source.get('image')}" if source["kind"] == "image" else f"prompt {source['prompt']!r}"
+    out.print(f"verify {report.model_path}")
+    out.print(
+        f"  device {report.device} ({report.device_reason}), {report.dtype}, {what}, "
+        f"{source['prompt_tokens']} prompt tokens, batch {report.baseline.batch}"
+    )
+    if report.pto_kernels_path:
+        out.print(f"  pto_kernels from {report.pto_kernels_path} (backend {report.kernel_backend})")
+    load = report.load_info
+    out.print(
+        f"  load info: {len(load.missing_keys)} missing, {len(load.unexpected_keys)} unexpected, "
+        f"{len(load.mismatched_keys)} mismatched key(s)"
+        + ("" if load.lm_head_tied is None else f", lm_head tied: {load.lm_head_tied}")
+    )
+    for fix in report.rope_fixes:
+        out.print(f"  rope fix: {fix}")
+    _other_patchers(report.other_patchers)
+    if report.compile:
+        out.print(f"  compiled: {report.compile}")
+    if report.dynamic_config:
+        _dynamic_source(report.dynamic_config_source)
+        _dynamic_table(report.dynamic_config)
+    _timing_table(report)
+    if report.pto is not None:
+        _ops_table(report.ops)
+        _accuracy(report.accuracy)
+    elif source.get("baseline_text") is not None:
+        out.print(f"  baseline text: {source['baseline_text']!r}")
+    _messages(report.failures, report.warnings)
+    if report.report_file:
+        out.print(f"  report written to {report.report_file}")
+    if report.passed:
+        out.print("[bold green]PASSED[/]", markup=True)
+    else:
+        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+
+
+def _other_patchers(patchers) -> None:
+    """One line: none, or per op how many modules another patcher took over (and the first of them)."""
+    if not patchers:
+        out.print("  other patchers: none")
+        return
+    groups: dict[tuple[Any, bool], list] = {}
+    for patcher in patchers:
+        groups.setdefault((patcher.op, patcher.bypasses), []).append(patcher)
+    parts = []
+    for (op, bypasses), found in groups.items():
+        if op is None:
+            parts.extend(entry.how for entry in found)
+            continue
+        verdict = "bypass the guard" if bypasses else "still reach the guard"
+        parts.append(f"{op}: {len(found)} module(s) {verdict}, first {found[0].module} ({found[0].how})")
+    out.print("  other patchers: " + "; ".join(parts), markup=False, highlight=False)
+
+
+def _dynamic_source(source: dict[str, Any] | None) -> None:
+    if source:
+        out.print(f"  --use_dynamic_config from the {source['source']}: {source['reason']}", markup=False)
+
+
+def _dynamic_table(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="--use_dynamic_config", title_justify="left")
+    table.add_column("op")
+    table.add_column("switched on")
+    table.add_column("reason")
+    for row in rows:
+        table.add_row(row["op"], "yes" if row["enabled"] else "no", row["reason"])
+    out.print(table)
+
+
+def _timing_table(report) -> None:
+    base, pto, ratios = report.baseline, report.pto, report.ratios()
+    table = Table(title="timing (mean over the timed runs, after warm-up)", title_justify="left")
+    table.add_column("metric")
+    table.add_column("baseline", justify="right")
+    if pto is not None:
+        table.add_column("PTO", justify="right")
+        table.add_column("PTO / baseline", justify="right")
+    for label, key, digits in MODE_ROWS:
+        cells = [label, _fmt(getattr(base, key), digits)]
+        if pto is not None:
+            ratio = ratios.get(key, ratio_of(getattr(pto, key), getattr(base, key)))
+            cells += [_fmt(getattr(pto, key), digits), _times(ratio)]
+        table.add_row(*cells)
+    out.print(table)
+    out.print(f"  peak memory: {report.peak_memory_source}")
+
+
+def _ops_table(ops) -> None:
+    table = Table(title="kernels", title_justify="left")
+    for column in ("op", "switched on", "backend", "calls", "fallbacks"):
+        table.add_column(column, justify="right" if column in ("calls", "fallbacks") else "left")
+    for op, entry in ops.items():
+        backends = ", ".join(f"{name} {count}" for name, count in entry.backends.items())
+        table.add_row(
+            op,
+            "yes" if entry.switched_on else "no",
+            backends or (entry.backend or "-"),
+            str(entry.calls),
+            str(entry.fallbacks),
+        )
+    out.print(table)
+
+
+def _accuracy(acc) -> None:
+    table = Table(title="accuracy (PTO vs baseline, same inputs, greedy)", title_justify="left")
+    table.add_column("check")
+    table.add_column("value", justify="right")
+    table.add_row("max |logit diff|, first step", f"{acc.max_abs_logit_diff:.4g}")
+    table.add_row("  relative to max |logit|", f"{acc.max_rel_logit_diff:.4g}")
+    table.add_row("  tolerance", f"atol {acc.atol:g} + rtol {acc.rtol:g} x max|logit|")
+    table.add_row("token match rate", f"{acc.token_match_rate * 100:.1f} %")
+    table.add_row("decoded texts equal", "yes" if acc.text_equal else "no")
+    table.add_row("logits within tolerance", "yes" if acc.logits_within_tolerance else "[red]no[/]")
+    out.print(table)
+
+
+def _bench_text(result) -> None:
+    out.print(f"bench {result.model_path} on {result.device} ({result.dtype}), input {result.input['kind']}")
+    table = Table(title="baseline vs PTO (mean over the timed runs)", title_justify="left")
+    for column in ("batch", "metric", "baseline", "PTO", "difference"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    floor_s = result.floor_s
+    rows: tuple[tuple[str, Callable[[Any], float | None], int], ...] = tuple(
+        (label, lambda run, key=key: getattr(run.metrics, key), digits) for label, key, digits in MODE_ROWS
+    ) + (
+        ("decode step (ms)", lambda run: run.metrics.decode_step_ms, 2),
+        ("bandwidth floor / step", lambda run: run.bandwidth_fraction(floor_s), 4),
+    )
+    for run in result.runs:
+        for index, (label, value, digits) in enumerate(rows):
+            base, pto = value(run.baseline), value(run.pto)
+            table.add_row(
+                str(run.batch) if index == 0 else "",
+                label,
+                _fmt(base, digits),
+                _fmt(pto, digits),
+                _pct(pto, base),
+                end_section=index == len(rows) - 1,
+            )
+    out.print(table)
+    out.print(
+        f"  bandwidth floor per decode step: {result.weight_bytes_per_token / 2**20:.1f} MiB of weights "
+        f"/ {result.copy_bandwidth_bytes_s / 1e9:.2f} GB/s copy bandwidth = {floor_s * 1000:.2f} ms"
+    )
+    out.print(f"  peak memory: {result.peak_memory_source}")
+    _dynamic_source(result.dynamic_config_source)
+    for run in result.runs:
+        out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")
+        for row in run.dynamic_config or ():
+            on = f"on ({row['backend']})" if row.get("backend") else ("on" if row["enabled"] else "off")
+            out.print(f"    {row['op']}: {on} ({row['reason']})", markup=False)
+    for path in result.files:
+        out.print(f"  wrote {path}")
+    _messages(result.failures, result.warnings)
+    if not result.passed:
+        out.print(f"[bold red]FAILED[/] ({len(result.failures)} check(s)); exit code 3", markup=True)
+
+
+def _demo_text(result) -> None:
+    out.rule("result")
+    same = result.hashes_identical
+    out.print(
+        f"folder hashes after restore: {'identical to' if same else '[red]DIFFERENT from[/]'} "
+        f"the originals ({result.files_compared} files)",
+        markup=True,
+    )
+    for path in result.hash_differences:
+        out.print(f"  differs: {path}")
+    out.print(f"kept {result.directory} (--keep)" if result.kept else f"removed {result.directory}")
+    out.print(f"demo finished in {result.seconds:.1f} s")
+    if result.passed:
+        out.print("[bold green]PASSED[/]", markup=True)
+    else:
+        out.print("[bold red]FAILED[/]; exit code 3", markup=True)
+
+
+def _tune_text(result) -> None:
+    from pto_patch import tune_render  # tune's tables, and its progress bar while it measures
+
+    tune_render.tune_result(result, as_json=False)
+
+
+# Result type name -> its text renderer (by name, so that rendering imports no engine module).
+TEXT: dict[str, Callable[[Any], None]] = {
+    "ApplyResult": _apply_text,
+    "RestoreResult": _restore_text,
+    "StatusResult": _status_text,
+    "ModelsResult": _models_text,
+    "TinyModelResult": _make_tiny_text,
+    "DownloadResult": _download_text,
+    "SkillInstallResult": _skill_install_text,
+    "VerifyReport": _verify_text,
+    "BenchResult": _bench_text,
+    "DemoResult": _demo_text,
+    "TuneResult": _tune_text,
+}

@@ -1,7 +1,8 @@
-"""Every result type of the proving commands and its JSON, with the one schema version.
+"""Every command's JSON document, with the one schema version; the results of verify, bench and demo.
 
-verify, bench and demo return these; the renderer prints them as text or as exactly one JSON
-document. Nothing here imports torch: a report is data.
+verify, bench and demo return the report types below; apply, restore, status, make-tiny, download
+and skill install return their engine's result, shaped here by `json_document`. The renderer prints
+a result as text or as exactly one JSON document. Nothing here imports torch: a report is data.
 """
 
 from __future__ import annotations
@@ -36,6 +37,34 @@ def _jsonable(value: Any) -> Any:
 def document(command: str, result: Any, **extra: Any) -> dict[str, Any]:
     """A versioned JSON document for one command's result (a dataclass or a dict)."""
     return {"schema_version": SCHEMA_VERSION, "command": command, **_jsonable(result), **extra}
+
+
+def _files(result) -> list[dict[str, str]]:
+    return [{"path": path, "action": action} for path, action in result.files]
+
+
+# Result type name -> (command, its JSON body): the engine's results, named so this imports no engine.
+_DOCUMENTS: dict[str, tuple[str, Any]] = {
+    "ApplyResult": ("apply", lambda result: {**_jsonable(result), "files": _files(result)}),
+    "RestoreResult": ("restore", _jsonable),
+    "ModelsResult": ("models", lambda result: result.to_json()),
+    "StatusResult": (
+        "status",
+        lambda result: {**_jsonable(result), "files": _files(result), "needs_reapply": result.needs_reapply},
+    ),
+    "TinyModelResult": ("make-tiny", lambda result: result.to_json()),
+    "DownloadResult": ("download", lambda result: result.to_json()),
+    "SkillInstallResult": ("skill install", lambda result: result.to_json()),
+}
+
+
+def json_document(result: Any) -> dict[str, Any]:
+    """The one JSON document a command prints for `result` under --json."""
+    shape = _DOCUMENTS.get(type(result).__name__)
+    if shape is None:  # verify, bench and demo: their report is the document
+        return result.to_json()
+    command, body = shape
+    return document(command, body(result))
 
 
 def write_report(document: dict[str, Any], path: Path) -> None:
@@ -77,10 +106,18 @@ class ModeMetrics:
     def latency_median_s(self) -> float:
         return statistics.median(self.latencies_s) if self.latencies_s else self.latency_s
 
+    @property
+    def tokens_per_s_median(self) -> float:
+        return self.tokens / self.latency_median_s if self.latency_median_s else 0.0
+
+    @property
+    def decode_step_ms(self) -> float | None:
+        return None if self.decode_step_s is None else self.decode_step_s * 1000
+
     def to_json(self) -> dict[str, Any]:
         return {
             "prefill_s": None if self.prefill_s is None else round(self.prefill_s, 5),
-            "decode_step_ms": None if self.decode_step_s is None else round(self.decode_step_s * 1000, 4),
+            "decode_step_ms": None if self.decode_step_ms is None else round(self.decode_step_ms, 4),
             "load_s": round(self.load_s, 4),
             "latency_s": round(self.latency_s, 5),
             "tokens": self.tokens,
@@ -90,9 +127,7 @@ class ModeMetrics:
             "new_tokens_per_sequence": self.new_tokens_per_sequence,
             "latencies_s": [round(x, 5) for x in self.latencies_s],
             "latency_median_s": round(self.latency_median_s, 5),
-            "tokens_per_s_median": round(self.tokens / self.latency_median_s, 3)
-            if self.latency_median_s
-            else 0.0,
+            "tokens_per_s_median": round(self.tokens_per_s_median, 3),
         }
 
 
@@ -269,10 +304,15 @@ class ModeRun:
     metrics: ModeMetrics
     ops: dict[str, OpReport] | None = None
 
+    def bandwidth_fraction(self, floor_s: float | None) -> float | None:
+        """The bandwidth floor over the decode step (timed token by token inside the timed runs)."""
+        step = self.metrics.decode_step_s
+        return floor_s / step if floor_s and step else None
+
     def to_json(self, floor_s: float | None) -> dict[str, Any]:
         data = self.metrics.to_json()
-        step = self.metrics.decode_step_s  # timed token by token inside the timed runs
-        data["bandwidth_fraction"] = round(floor_s / step, 6) if floor_s and step else None
+        fraction = self.bandwidth_fraction(floor_s)
+        data["bandwidth_fraction"] = None if fraction is None else round(fraction, 6)
         if self.ops is not None:
             data["ops"] = {op: report.to_json() for op, report in self.ops.items()}
         return data

@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pto_patch"
 # The proving commands; what they share lives in pto_patch.run and pto_patch.report.
-COMMAND_MODULES = ("pto_patch.verify", "pto_patch.bench", "pto_patch.demo")
+COMMAND_MODULES = ("pto_patch.verify", "pto_patch.bench", "pto_patch.demo", "pto_patch.tune")
 MAX_LINES = 600
 
 
@@ -43,3 +43,25 @@ def test_no_module_is_longer_than_the_limit():
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert long == {}, f"split these modules by concern: {long}"
+
+
+def test_one_renderer_knows_every_command_result():
+    """`render.show` picks text or JSON for every result a command returns; nothing else prints them."""
+    from pto_patch import download, engine, model_catalog, render, report, skill, tiny_model
+
+    results = (
+        engine.ApplyResult,
+        engine.RestoreResult,
+        engine.StatusResult,
+        model_catalog.ModelsResult,
+        tiny_model.TinyModelResult,
+        download.DownloadResult,
+        skill.SkillInstallResult,
+        report.VerifyReport,
+        report.BenchResult,
+        report.DemoResult,
+        report.TuneResult,
+    )
+    assert set(render.TEXT) == {result.__name__ for result in results}
+    cli_source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    assert "print_json(document" not in cli_source and "if as_json:" not in cli_source.split("def main")[0]

@@ -275,6 +275,11 @@ def test_status_reports_a_source_changed_under_the_overlay(pristine: Path, tmp_p
         "extra.txt (new in the source)",
         "generation_config.json (the overlay's link was changed)",
     ]
+    source.rename(tmp_path / "moved")
+    assert engine.model_status(model_path=out).overlay["source_changed"] == [
+        f"{source} (the source folder is gone)"
+    ]
+    assert engine.restore_model(model_path=out).removed_folder and not out.exists()
 
 
 # Any write-type file operation on the source makes the process exit 97; the same hook on a plain

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import fused
 from .tile_table import TileConfig, tile_config
 
 CACHE_ENV = "PTO_KERNELS_CACHE_DIR"
@@ -289,92 +290,60 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
 # --- MRoPE -------------------------------------------------------------------------------------------
 
 
-def _build_mrope(rows, q_heads, k_heads, dim, dtype, table_dtype, sections, mixed, config, device_type):
+def _build_mrope(rows, q_heads, k_heads, dim, dtype, table_dtype, config, device_type):
     """Rows are (batch, position) pairs: q [rows, q_heads*dim], k [rows, k_heads*dim] (heads side by side),
-    cos/sin [rows, dim] (mixed) or [3*rows, dim] (the t, h, w streams stacked, mixed in-kernel)."""
+    cos/sin [rows, dim], section-mixed.
+
+    Each head reads its cos/sin halves straight from the inputs rather than sharing a computed tile: in
+    the cost model a shared intermediate becomes a dependent task, ~3 us at decode."""
     pypto = _pypto()
     dt, tdt, fp32 = _dtype(dtype), _dtype(table_dtype), pypto.DT_FP32
     rows_axis = _row_axis(config, rows)
-    table_axis = _row_axis(config, rows if mixed else 3 * rows, "table_rows")
     tile, half = config.row_tile, dim // 2
-    # (stream, column offset, width) of each chunk of the doubled section list: chunk i reads stream i % 3
-    chunk_streams, chunk_cols, chunk_widths, offset = [], [], [], 0
-    for i, width in enumerate(list(sections) * 2):
-        chunk_streams.append(i % 3)
-        chunk_cols.append(offset)
-        chunk_widths.append(width)
-        offset += width
-    n_chunks = len(chunk_widths)
 
     @_jit(device_type, config)
     def mrope_kernel(
         q: pypto.Tensor([rows_axis, q_heads * dim], dt),
         k: pypto.Tensor([rows_axis, k_heads * dim], dt),
-        cos: pypto.Tensor([table_axis, dim], tdt),
-        sin: pypto.Tensor([table_axis, dim], tdt),
+        cos: pypto.Tensor([rows_axis, dim], tdt),
+        sin: pypto.Tensor([rows_axis, dim], tdt),
         q_out: pypto.Tensor([rows_axis, q_heads * dim], dt),
         k_out: pypto.Tensor([rows_axis, k_heads * dim], dt),
     ):
-        pypto.set_vec_tile_shapes(tile, dim)
+        pypto.set_vec_tile_shapes(tile, half)
         n_rows = q.shape[0]
         for step in pypto.loop((n_rows + tile - 1) // tile):
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
-            if mixed:
-                cos_t = pypto.cast(pypto.view(cos, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
-                sin_t = pypto.cast(pypto.view(sin, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
-            else:
-                # section mixing in-kernel (no comprehensions: the pypto parser does not scope them)
-                cos_parts = []
-                sin_parts = []
-                for c in range(n_chunks):
-                    at = [chunk_streams[c] * n_rows + start, chunk_cols[c]]
-                    part = [tile, chunk_widths[c]]
-                    cos_parts.append(pypto.view(cos, part, at, valid_shape=[valid, chunk_widths[c]]))
-                    sin_parts.append(pypto.view(sin, part, at, valid_shape=[valid, chunk_widths[c]]))
-                # concat drops the parts' valid shape: view the result again with it
-                cos_t = pypto.cast(
-                    pypto.view(pypto.concat(cos_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
-                    fp32,
-                )
-                sin_t = pypto.cast(
-                    pypto.view(pypto.concat(sin_parts, 1), [tile, dim], [0, 0], valid_shape=[valid, dim]),
-                    fp32,
-                )
-            # rotate_half: out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2, per half (no concat, which
-            # would drop the tail tile's valid shape)
-            cos1 = pypto.view(cos_t, [tile, half], [0, 0], valid_shape=[valid, half])
-            cos2 = pypto.view(cos_t, [tile, half], [0, half], valid_shape=[valid, half])
-            sin1 = pypto.view(sin_t, [tile, half], [0, 0], valid_shape=[valid, half])
-            sin2 = pypto.view(sin_t, [tile, half], [0, half], valid_shape=[valid, half])
-            for h in range(q_heads):
-                x1 = pypto.cast(
-                    pypto.view(q, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
-                )
+            for head in range(q_heads + k_heads):
+                if head < q_heads:
+                    src, dst, col = q, q_out, head * dim
+                else:
+                    src, dst, col = k, k_out, (head - q_heads) * dim
+                x1 = pypto.cast(pypto.view(src, [tile, half], [start, col], valid_shape=[valid, half]), fp32)
                 x2 = pypto.cast(
-                    pypto.view(q, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
+                    pypto.view(src, [tile, half], [start, col + half], valid_shape=[valid, half]), fp32
                 )
+                cos1 = pypto.cast(pypto.view(cos, [tile, half], [start, 0], valid_shape=[valid, half]), fp32)
+                cos2 = pypto.cast(
+                    pypto.view(cos, [tile, half], [start, half], valid_shape=[valid, half]), fp32
+                )
+                sin1 = pypto.cast(pypto.view(sin, [tile, half], [start, 0], valid_shape=[valid, half]), fp32)
+                sin2 = pypto.cast(
+                    pypto.view(sin, [tile, half], [start, half], valid_shape=[valid, half]), fp32
+                )
+                # rotate_half: out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2
                 out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
                 out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
-                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], q_out)
-                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], q_out)
-            for h in range(k_heads):
-                x1 = pypto.cast(
-                    pypto.view(k, [tile, half], [start, h * dim], valid_shape=[valid, half]), fp32
-                )
-                x2 = pypto.cast(
-                    pypto.view(k, [tile, half], [start, h * dim + half], valid_shape=[valid, half]), fp32
-                )
-                out1 = pypto.sub(pypto.mul(x1, cos1), pypto.mul(x2, sin1))
-                out2 = pypto.add(pypto.mul(x2, cos2), pypto.mul(x1, sin2))
-                pypto.assemble(pypto.cast(out1, dt), [start, h * dim], k_out)
-                pypto.assemble(pypto.cast(out2, dt), [start, h * dim + half], k_out)
+                pypto.assemble(pypto.cast(out1, dt), [start, col], dst)
+                pypto.assemble(pypto.cast(out2, dt), [start, col + half], dst)
 
     return mrope_kernel
 
 
-def _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed):
-    if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4:
+def _rotary(q, k, cos, sin):
+    """q/k [b, heads, s, d]; cos/sin section-mixed, [b, s, d] or [b, 1, s, d]."""
+    if q.dim() != 4 or k.dim() != 4:
         raise ValueError("pypto MRoPE kernel takes q/k as [b, heads, s, d] with unsqueeze_dim=1")
     batch, q_heads, seq, dim = q.shape
     k_heads = k.shape[1]
@@ -382,21 +351,22 @@ def _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed):
         raise TypeError(f"pypto MRoPE kernel needs q and k of one dtype, got {q.dtype} and {k.dtype}")
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
         raise ValueError(f"pypto MRoPE kernel: k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    if cos.numel() != batch * seq * dim or cos.shape != sin.shape or cos.shape[-1] != dim:
+        raise ValueError(f"pypto MRoPE kernel: cos {tuple(cos.shape)} does not fit q {tuple(q.shape)}")
+    if (dim // 2) * q.element_size() % 32:
+        raise ValueError(
+            f"pypto MRoPE kernel needs head_dim/2 rows of whole 32-byte blocks, not {dim} x {q.dtype}"
+        )
     rows, device_type = batch * seq, q.device.type
     _, config = tile_config("mrope", rows, dim)
-    key = _kernel_key(
-        "mrope", config, rows, q_heads, k_heads, dim, q.dtype, cos.dtype, sections, mixed, device_type
-    )
+    key = _kernel_key("mrope", config, rows, q_heads, k_heads, dim, q.dtype, cos.dtype, device_type)
     kernel = KERNELS.get(
-        key,
-        lambda: _build_mrope(
-            rows, q_heads, k_heads, dim, q.dtype, cos.dtype, sections, mixed, config, device_type
-        ),
+        key, lambda: _build_mrope(rows, q_heads, k_heads, dim, q.dtype, cos.dtype, config, device_type)
     )
     # [b, h, s, d] -> [b*s, h*d]: no copy when q/k are the transposed [b, s, h, d] projections they are
     q2 = q.transpose(1, 2).contiguous().reshape(rows, q_heads * dim)
     k2 = k.transpose(1, 2).contiguous().reshape(rows, k_heads * dim)
-    cos2, sin2 = cos.contiguous().reshape(-1, dim), sin.contiguous().reshape(-1, dim)
+    cos2, sin2 = cos.contiguous().reshape(rows, dim), sin.contiguous().reshape(rows, dim)
     q_out, k_out = _new_output(q2), _new_output(k2)
     with _quiet_stdout(device_type):
         kernel(q2, k2, cos2, sin2, q_out, k_out)
@@ -407,20 +377,24 @@ def _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed):
 
 
 def mrope(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
+    """cos/sin [3, b, s, d]: sections mixed once per forward (shared with the fused backend's cache),
+    then every layer runs the mixed kernel; in the cost model mixing in the kernel took 2.3x as long."""
     sections = tuple(int(s) for s in mrope_section)
     expected = (3, q.shape[0], q.shape[2], q.shape[3]) if q.dim() == 4 else None
     if sum(sections) * 2 != q.shape[-1] or tuple(cos.shape) != expected or cos.shape != sin.shape:
         raise ValueError(
             f"mrope_section {list(sections)} / cos {tuple(cos.shape)} do not fit q {tuple(q.shape)}"
         )
-    return _rotary(q, k, cos, sin, sections, unsqueeze_dim, mixed=False)
+    if unsqueeze_dim != 1:
+        raise ValueError("pypto MRoPE kernel takes q/k as [b, heads, s, d] with unsqueeze_dim=1")
+    mixed_cos, mixed_sin, _ = fused.MIXED_TABLES.get(cos, sin, sections, unsqueeze_dim)
+    return _rotary(q, k, mixed_cos, mixed_sin)
 
 
 def mrope_mixed(q, k, cos, sin, unsqueeze_dim: int = 1):
-    expected = (q.shape[0], q.shape[2], q.shape[3]) if q.dim() == 4 else None
-    if tuple(cos.shape) != expected or cos.shape != sin.shape:
-        raise ValueError(f"pypto MRoPE kernel: cos {tuple(cos.shape)} does not fit q {tuple(q.shape)}")
-    return _rotary(q, k, cos, sin, (), unsqueeze_dim, mixed=True)
+    if unsqueeze_dim != 1:
+        raise ValueError("pypto MRoPE kernel takes q/k as [b, heads, s, d] with unsqueeze_dim=1")
+    return _rotary(q, k, cos, sin)
 
 
 # --- SwiGLU MLP --------------------------------------------------------------------------------------
@@ -456,7 +430,7 @@ def _build_swiglu_mlp(tokens, hidden, inter, dtype, config, device_type):
             # silu(g) = g / (1 + exp(-g)), written out: pypto.sigmoid drops a tail tile's valid shape
             silu = pypto.div(gate, pypto.add(pypto.exp(pypto.neg(gate)), 1.0))
             act = pypto.cast(pypto.mul(silu, up), dt)
-            pypto.set_cube_tile_shapes([m, m], down_k, down_n)
+            pypto.set_cube_tile_shapes([m, m], down_k, down_n, config.down_split_k)
             pypto.assemble(pypto.matmul(act, down_w, dt, b_trans=True), [start, 0], out)
 
     return swiglu_mlp_kernel

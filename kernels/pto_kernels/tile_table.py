@@ -30,9 +30,17 @@ class TileConfig:
     cube_n: tuple[int, int] = (64, 256)
     down_cube_k: tuple[int, int] | None = None  # None: same as cube_k
     down_cube_n: tuple[int, int] | None = None  # None: same as cube_n
+    down_split_k: bool = False  # down matmul: split K over cores, accumulating in global memory
     act_cols: int = 512  # SwiGLU activation vec tile: (row_tile, act_cols)
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TileConfig:
+        """From `dataclasses.asdict` output that went through JSON (lists back to tuples)."""
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        fields["pass_settings"] = tuple(tuple(s) for s in fields.get("pass_settings", ()))
+        return cls(**fields)
 
     def pass_options(self) -> dict | None:
         options: dict[str, dict[int, int]] = {}
@@ -41,14 +49,33 @@ class TileConfig:
         return options or None
 
 
-# (op, shape class, width or None for any width) -> TileConfig
+_L1_REUSE = "cube_l1_reuse_setting"
+
+# (op, shape class, width or None for any width) -> TileConfig. From tile_search.json (cost-model cycles,
+# GutenOCR shapes); the comment on each entry says what it was measured against.
 TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
+    # 1 row: 3,464 cycles, as a static 1-row kernel; 2/4/8-row tiles 3,694/4,054/5,047
     ("rms_norm", "decode", None): TileConfig(row_tile=1),
+    # 2048 x 2048: 57,657 cycles; 4-row tiles 118,104, 12-row 82,640 (16 rows overflow the UB)
     ("rms_norm", "prefill", None): TileConfig(row_tile=8),
-    ("mrope", "decode", None): TileConfig(row_tile=1),
-    ("mrope", "prefill", None): TileConfig(row_tile=16),
-    ("swiglu_mlp", "decode", None): TileConfig(row_tile=16),
-    ("swiglu_mlp", "prefill", None): TileConfig(row_tile=32, cube_m=32),
+    # vision 2500 x 1280: 47,234 cycles; 8-row tiles 75,292, 16-row 75,144
+    ("rms_norm", "prefill", 1280): TileConfig(row_tile=12),
+    # Qwen2.5-VL-7B text width, not searched: the largest tile whose fp32 rows fit the UB like 8 x 2048
+    ("rms_norm", "prefill", 3584): TileConfig(row_tile=4),
+    # 1 row: 13,411 cycles (13,195 with 1-row tiles, static or not); 16 rows: 13,411 vs 100,167
+    ("mrope", "decode", None): TileConfig(row_tile=16),
+    # 700 rows: 52,689 cycles; 64-row tiles 75,532, 32-row 141,218
+    ("mrope", "prefill", None): TileConfig(row_tile=128),
+    # 1 token: 225,489 cycles (1.28x the bandwidth floor); as shipped before, 64/256 tiles: 615,549;
+    # L1 reuse 4: 238,202, 12: 269,676, 16: 312,558
+    ("swiglu_mlp", "decode", None): TileConfig(
+        row_tile=16, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+    ),
+    # 128 tokens: 731,726 cycles (compute-bound); 64/256 tiles without L1 reuse: 1,998,437; 64-row tiles
+    # with cube m 64 fail to compile
+    ("swiglu_mlp", "prefill", None): TileConfig(
+        row_tile=32, cube_m=32, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+    ),
 }
 
 

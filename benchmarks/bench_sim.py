@@ -1,0 +1,299 @@
+"""PyPTO cost-model benchmark of the pypto kernels: simulated time and roofline ratio per shape.
+
+    python benchmarks/bench_sim.py [--json out.json] [--quick] [--timeout S] [--only OP]
+
+PyPTO's SIM mode (no NPU needed) models a whole Ascend 910B chip, not one core: its config
+(lib/configs/A2A3.ini of the installed pypto) gives 24 cube and 48 vector cores. These numbers are the
+cost model's estimates for a 910B, not hardware measurements.
+
+Each kernel is built with the tiling the kernel package would pick (tile_table.py), compiled and
+simulated once in its own subprocess with a time limit. Reported per shape:
+- cycles: simulated AICore time, last task end minus first task start in `_simulate.swim.json`
+  (the same span pypto prints as "AICore End-to-End Time", which it omits past ~500k cycles);
+- us: cycles / 1800, the conversion pypto's own swim-lane tool uses;
+- floor: the minimum bytes the kernel must move (inputs, weights and outputs once) at the bandwidth
+  the model's config implies, ddr_rate x ai_core_cnt bytes a cycle (x cube_freq: about 1.42 TB/s);
+- ratio: cycles / floor cycles (the roofline ratio; 1.0 is at the bandwidth floor).
+Targets (issue 9): MLP <= 1.3x at decode, RMSNorm and MRoPE <= 2 us at decode and <= 1.5x at prefill.
+"""
+
+import argparse
+import configparser
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+
+SIM_TIMEOUT_S = 300
+US_PER_CYCLE = 1 / 1800  # pypto's swim-lane tool: --time_convert_denominator=1800
+BF16_BYTES = 2
+
+# GutenOCR-3B: text hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, mrope_section [16, 24, 24]; vision 1280
+TEXT, VISION, INTER, Q_HEADS, K_HEADS, HEAD_DIM, SECTIONS = 2048, 1280, 11008, 16, 2, 128, (16, 24, 24)
+DECODE_ROWS = (1, 4, 8, 16)
+PREFILL_ROWS = (128, 700, 2048)
+QUICK = [("rms_norm", {"rows": 1, "width": TEXT}), ("mrope", {"rows": 1}), ("swiglu_mlp", {"rows": 1})]
+TARGETS = {  # (shape class, op) -> (what, limit)
+    ("decode", "swiglu_mlp"): ("ratio", 1.3),
+    ("decode", "rms_norm"): ("us", 2.0),
+    ("decode", "mrope"): ("us", 2.0),
+    ("prefill", "rms_norm"): ("ratio", 1.5),
+    ("prefill", "mrope"): ("ratio", 1.5),
+}
+
+
+def shapes() -> list[tuple[str, dict]]:
+    rows = DECODE_ROWS + PREFILL_ROWS
+    out = [("rms_norm", {"rows": r, "width": TEXT}) for r in rows]
+    out.append(("rms_norm", {"rows": 2500, "width": VISION}))
+    out += [("mrope", {"rows": r}) for r in rows]
+    out += [("swiglu_mlp", {"rows": r}) for r in rows]
+    return out
+
+
+def soc_config() -> dict:
+    """The bandwidth and frequency figures of the installed pypto's A2A3.ini (the model's own config)."""
+    spec = importlib.util.find_spec("pypto")
+    path = Path(spec.origin).parent / "lib" / "configs" / "A2A3.ini"
+    ini = configparser.ConfigParser(strict=False, interpolation=None)
+    ini.read(path)
+    return {
+        "path": str(path),
+        "soc_version": ini["version"]["SoC_version"],
+        "ddr_rate_bytes_per_cycle": int(ini["AICoreMemoryRates"]["ddr_rate"]),
+        "ai_core_cnt": int(ini["SoCInfo"]["ai_core_cnt"]),
+        "vector_core_cnt": int(ini["SoCInfo"]["vector_core_cnt"]),
+        "cube_freq_mhz": int(ini["AICoreSpec"]["cube_freq"]),
+    }
+
+
+def min_bytes(op: str, params: dict) -> int:
+    """Bytes a kernel must move at least: every input, weight and output once (bf16)."""
+    rows = params["rows"]
+    if op == "rms_norm":
+        return BF16_BYTES * (2 * rows * params["width"] + params["width"])
+    if op == "mrope":
+        # the kernel reads section-mixed tables (mixed once per forward, not per layer)
+        return BF16_BYTES * (2 * rows * (Q_HEADS + K_HEADS) * HEAD_DIM + 2 * rows * HEAD_DIM)
+    return BF16_BYTES * (3 * TEXT * INTER + 2 * rows * TEXT)
+
+
+# --- in the subprocess -------------------------------------------------------------------------------
+
+
+def _sim_child(request: str) -> None:
+    """Build one kernel in SIM mode with the table's tiling (or the one given) and call it once."""
+    from pto_kernels import pypto_kernels
+    from pto_kernels.tile_table import TileConfig, tile_config
+
+    op, params, config = json.loads(request)
+    bf16, rows = torch.bfloat16, params["rows"]
+    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM, "swiglu_mlp": TEXT}[op]
+    if config is None:
+        config = tile_config(op, rows, width)[1]
+    else:
+        config = TileConfig.from_dict(config)
+    if op == "rms_norm":
+        kernel = pypto_kernels._build_rms_norm(rows, width, bf16, 1e-6, config, "sim")
+        x = torch.randn(rows, width, dtype=bf16)
+        kernel(x, torch.ones(1, width, dtype=bf16), torch.empty_like(x))
+    elif op == "mrope":
+        kernel = pypto_kernels._build_mrope(rows, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, config, "sim")
+        q = torch.randn(rows, Q_HEADS * HEAD_DIM, dtype=bf16)
+        k = torch.randn(rows, K_HEADS * HEAD_DIM, dtype=bf16)
+        cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
+        kernel(q, k, cos, cos.clone(), torch.empty_like(q), torch.empty_like(k))
+    elif op == "swiglu_mlp":
+        kernel = pypto_kernels._build_swiglu_mlp(rows, TEXT, INTER, bf16, config, "sim")
+        x = torch.randn(rows, TEXT, dtype=bf16)
+        gate, up = torch.randn(INTER, TEXT, dtype=bf16), torch.randn(INTER, TEXT, dtype=bf16)
+        kernel(x, gate, up, torch.randn(TEXT, INTER, dtype=bf16), torch.empty_like(x))
+    else:
+        raise ValueError(op)
+
+
+# --- reading pypto's reports -------------------------------------------------------------------------
+
+
+def _report_number(text: str, label: str) -> float | None:
+    import re
+
+    match = re.search(rf"^\s*(?:\|--)?{re.escape(label)}[.\s]*:\s*([0-9.]+)", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def swim_span(path: Path) -> tuple[int, int] | None:
+    """(cycles from first task start to last task end, tasks) from a `_simulate.swim.json`."""
+    lanes = json.loads(path.read_text())
+    spans = [
+        (task["execStart"], task["execEnd"])
+        for lane in lanes
+        if lane.get("coreType") in ("AIC", "AIV")  # as pypto's tool: AICPU "HUB" tasks are not AICore time
+        for task in lane.get("tasks", [])
+        if task.get("execEnd", 0) >= task.get("execStart", 0)
+    ]
+    if not spans:
+        return None
+    return max(end for _, end in spans) - min(start for start, _ in spans), len(spans)
+
+
+def _last_error_line(text: str) -> str:
+    import re
+
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"error|Error|ERROR|not found|Errcode", ln)]
+    return (errors or lines or ["(no output)"])[-1][:300]
+
+
+def run_sim(op: str, params: dict, timeout_s: int, config: dict | None = None) -> dict:
+    """Simulate one kernel in a subprocess; the entry says `status` ok or not available, and why."""
+    entry = {"op": op, "params": params, "dtype": "bfloat16"}
+    with tempfile.TemporaryDirectory(prefix="pto_sim_") as tmp:
+        env = dict(os.environ, TILE_FWK_OUTPUT_DIR=tmp)
+        env.pop("ASCEND_HOME_PATH", None)  # without CANN pypto must stay in SIM mode
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--sim-child", json.dumps([op, params, config])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout also ends pypto's g++ children
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return entry | {"status": "not available", "reason": f"SIM did not finish in {timeout_s} s"}
+        entry["wall_s"] = round(time.perf_counter() - start, 1)
+        if proc.returncode != 0:
+            return entry | {
+                "status": "not available",
+                "reason": f"exit {proc.returncode}: {_last_error_line(output)}",
+            }
+        out_dirs = sorted(Path(tmp).glob("*/CostModelSimulationOutput"))
+        swim = out_dirs[-1] / "_simulate.swim.json" if out_dirs else None
+        span = swim_span(swim) if swim and swim.exists() else None
+        if span is None:
+            return entry | {
+                "status": "not available",
+                "reason": "no swim-lane data: " + _last_error_line(output),
+            }
+        report = out_dirs[-1] / "_simulate.stat.report.txt"
+        report_text = report.read_text() if report.exists() else ""
+        entry |= {
+            "status": "ok",
+            "cycles": span[0],
+            "tasks": span[1],
+            "us": span[0] * US_PER_CYCLE,
+            "stdout_us": _report_number(output, "AICore End-to-End Time"),  # absent past ~500k cycles
+            "total_cycles": _report_number(report_text, "Total Cycles"),  # includes AICPU start-up
+        }
+    return entry
+
+
+def with_roofline(entry: dict, soc: dict) -> dict:
+    bytes_per_cycle = soc["ddr_rate_bytes_per_cycle"] * soc["ai_core_cnt"]
+    moved = min_bytes(entry["op"], entry["params"])
+    floor_cycles = moved / bytes_per_cycle
+    entry = entry | {
+        "min_bytes": moved,
+        "floor_cycles": round(floor_cycles, 1),
+        "floor_us": floor_cycles / soc["cube_freq_mhz"],
+    }
+    if entry["status"] == "ok":
+        entry["ratio"] = entry["cycles"] / floor_cycles
+    klass = "decode" if entry["params"]["rows"] <= 16 else "prefill"
+    target = TARGETS.get((klass, entry["op"]))
+    if target and entry["status"] == "ok":
+        what, limit = target
+        entry["target"] = f"{what} <= {limit}"
+        entry["target_met"] = entry[what] <= limit
+    return entry
+
+
+def _label(entry: dict) -> str:
+    p = entry["params"]
+    if entry["op"] == "rms_norm":
+        return f"rms_norm {p['rows']}x{p['width']}"
+    if entry["op"] == "mrope":
+        return f"mrope {p['rows']} rows 16+2 heads x128"
+    return f"swiglu_mlp {p['rows']} tok 2048-11008"
+
+
+def print_table(entries: list[dict], soc: dict) -> None:
+    gbps = soc["ddr_rate_bytes_per_cycle"] * soc["ai_core_cnt"] * soc["cube_freq_mhz"] / 1e3
+    print(
+        f"PyPTO cost-model estimates for an {soc['soc_version']} (whole chip: {soc['ai_core_cnt']} cube,"
+        f" {soc['vector_core_cnt']} vector cores), bf16; not hardware measurements."
+        f" Floor: {soc['ddr_rate_bytes_per_cycle']} B x {soc['ai_core_cnt']} cores x"
+        f" {soc['cube_freq_mhz']} MHz = {gbps:.0f} GB/s"
+    )
+    print(
+        f"{'kernel':<34} {'cycles':>9} {'us':>8} {'floor us':>9} {'ratio':>6} {'tasks':>6}"
+        f" {'target':>11} {'met':>4} {'wall s':>7}"
+    )
+    for e in entries:
+        if e["status"] != "ok":
+            print(f"{_label(e):<34} not available: {e['reason']}")
+            continue
+        met = "" if "target_met" not in e else ("yes" if e["target_met"] else "NO")
+        print(
+            f"{_label(e):<34} {e['cycles']:>9} {e['us']:>8.2f} {e['floor_us']:>9.2f} {e['ratio']:>6.2f}"
+            f" {e['tasks']:>6} {e.get('target', ''):>11} {met:>4} {e['wall_s']:>7.1f}"
+        )
+
+
+def sim_entries(kernels: list[tuple[str, dict]], timeout_s: int) -> list[dict]:
+    if importlib.util.find_spec("pypto") is None:
+        return [
+            {"op": op, "params": p, "status": "not available", "reason": "pypto not installed (extra `pto`)"}
+            for op, p in kernels
+        ]
+    soc = soc_config()
+    return [with_roofline(run_sim(op, params, timeout_s), soc) for op, params in kernels]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--quick", action="store_true", help="one decode shape per op (a smoke run)")
+    parser.add_argument("--only", choices=["rms_norm", "mrope", "swiglu_mlp"], help="one op only")
+    parser.add_argument("--timeout", type=int, default=SIM_TIMEOUT_S, help="seconds per kernel")
+    parser.add_argument("--rows", help="only these row counts, comma-separated (e.g. 1,4,8,16)")
+    parser.add_argument("--sim-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sim_child:
+        _sim_child(args.sim_child)
+        return
+    kernels = QUICK if args.quick else shapes()
+    if args.only:
+        kernels = [k for k in kernels if k[0] == args.only]
+    if args.rows:
+        wanted = {int(r) for r in args.rows.split(",")}
+        kernels = [k for k in kernels if k[1]["rows"] in wanted]
+    entries = sim_entries(kernels, args.timeout)
+    soc = soc_config() if importlib.util.find_spec("pypto") else None
+    if soc:
+        print_table(entries, soc)
+    if args.json:
+        from pto_kernels.tile_table import TILE_TABLE
+
+        table = {"/".join(str(p) for p in key): asdict(config) for key, config in TILE_TABLE.items()}
+        doc = {"soc": soc, "tile_table": table, "kernels": entries}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

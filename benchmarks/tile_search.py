@@ -1,0 +1,158 @@
+"""Search tilings of the pypto kernels under PyPTO's SIM cost model; results go to tile_search.json.
+
+    python benchmarks/tile_search.py [--op OP] [--timeout S] [--max-new N]
+
+A small, fixed candidate set per (op, shape class) is simulated at a representative GutenOCR shape,
+each in its own subprocess with a time limit (SIM compiles with g++ and is CPU-heavy). Results are cached
+in kernels/pto_kernels/tile_search.json keyed by op, shape and tiling, so a rerun only simulates what is
+new; that file is the provenance of tile_table.TILE_TABLE, whose entries are copied from the best
+candidate here by hand after the CPU interpreter tests pass with them.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+
+import bench_sim  # noqa: E402
+from pto_kernels.tile_table import TileConfig  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "kernels" / "pto_kernels" / "tile_search.json"
+
+_L1 = "cube_l1_reuse_setting"
+_NBUF = "cube_nbuffer_setting"
+_MLP_TILES = {"row_tile": 16, "cube_k": (128, 512), "cube_n": (128, 256)}
+# (op, shape class, width or None) as in TILE_TABLE -> (representative shapes, candidate tilings)
+CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]]] = {
+    ("rms_norm", "decode", None): (
+        [{"rows": 1, "width": 2048}, {"rows": 16, "width": 2048}],
+        [TileConfig(row_tile=t) for t in (1, 2, 4, 8)] + [TileConfig(row_tile=1, static=True)],
+    ),
+    ("rms_norm", "prefill", None): (
+        [{"rows": 700, "width": 2048}, {"rows": 2048, "width": 2048}],
+        [TileConfig(row_tile=t) for t in (4, 8, 12)],
+    ),
+    ("rms_norm", "prefill", 1280): (
+        [{"rows": 2500, "width": 1280}],
+        [TileConfig(row_tile=t) for t in (8, 12, 16)],
+    ),
+    ("mrope", "decode", None): (
+        [{"rows": 1}, {"rows": 16}],
+        [TileConfig(row_tile=t) for t in (1, 4, 16)] + [TileConfig(row_tile=1, static=True)],
+    ),
+    ("mrope", "prefill", None): ([{"rows": 700}], [TileConfig(row_tile=t) for t in (32, 64, 128, 256)]),
+    ("swiglu_mlp", "decode", None): (
+        [{"rows": 1}],
+        [
+            TileConfig(row_tile=16),
+            TileConfig(**_MLP_TILES),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 4),)),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 8),)),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 4), (_NBUF, -1, 2))),
+            TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(64, 128), pass_settings=((_L1, -1, 4),)),
+            # the down matmul has only 2048 / n outputs columns to spread over 24 cube cores
+            TileConfig(**_MLP_TILES, down_cube_n=(64, 64), pass_settings=((_L1, -1, 4),)),
+            TileConfig(
+                **_MLP_TILES,
+                down_cube_k=(128, 1024),
+                down_cube_n=(128, 256),
+                down_split_k=True,
+                pass_settings=((_L1, -1, 4),),
+            ),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 16),)),
+            TileConfig(**_MLP_TILES, pass_settings=((_L1, -1, 12),)),
+            TileConfig(row_tile=16, cube_k=(128, 512), cube_n=(128, 512), pass_settings=((_L1, -1, 8),)),
+        ],
+    ),
+    ("swiglu_mlp", "prefill", None): (
+        [{"rows": 128}],
+        [
+            TileConfig(row_tile=32, cube_m=32),
+            TileConfig(
+                row_tile=32, cube_m=32, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1, -1, 8),)
+            ),
+            TileConfig(
+                row_tile=64, cube_m=64, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1, -1, 8),)
+            ),
+        ],
+    ),
+}
+
+
+def _key(op: str, params: dict, config: TileConfig) -> str:
+    # only the fields that differ from the defaults: a field added later leaves old keys valid
+    default = asdict(TileConfig(row_tile=config.row_tile))
+    changed = {k: v for k, v in asdict(config).items() if k == "row_tile" or v != default[k]}
+    return json.dumps([op, params, changed], sort_keys=True)
+
+
+def load() -> dict:
+    """The cached results, keyed again from each entry's own op, shape and tiling."""
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    return {_key(e["op"], e["params"], TileConfig.from_dict(e["config"])): e for e in stored.values()}
+
+
+def save(key: str, entry: dict) -> None:
+    # re-read first: another search (another --op) may have added entries meanwhile
+    results = load() | {key: entry}
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def best(results: dict, klass_key: tuple) -> list[tuple[float, str]]:
+    """Candidates of one class ranked by the sum of their cycles over the class's shapes (all must be ok)."""
+    op = klass_key[0]
+    shapes, configs = CANDIDATES[klass_key]
+    ranked = []
+    for config in configs:
+        entries = [results.get(_key(op, p, config)) for p in shapes]
+        if all(e and e.get("status") == "ok" for e in entries):
+            ranked.append((sum(e["cycles"] for e in entries), json.dumps(asdict(config))))
+    return sorted(ranked)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=["rms_norm", "mrope", "swiglu_mlp"])
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per simulated kernel")
+    parser.add_argument("--max-new", type=int, default=100, help="simulate at most this many new candidates")
+    parser.add_argument("--candidates", help="only these candidate indexes of each class, e.g. 6,7")
+    args = parser.parse_args()
+    results = load()
+    soc = bench_sim.soc_config()
+    new = 0
+    for klass_key, (shapes, configs) in CANDIDATES.items():
+        op = klass_key[0]
+        if args.op and op != args.op:
+            continue
+        picked = {int(i) for i in args.candidates.split(",")} if args.candidates else None
+        for index, config in enumerate(configs):
+            if picked is not None and index not in picked:
+                continue
+            for params in shapes:
+                key = _key(op, params, config)
+                if key in results or new >= args.max_new:
+                    continue
+                entry = bench_sim.with_roofline(
+                    bench_sim.run_sim(op, params, args.timeout, asdict(config)), soc
+                )
+                results[key] = entry | {"config": asdict(config), "class": list(klass_key)}
+                save(key, results[key])
+                new += 1
+                print(
+                    op,
+                    klass_key,
+                    params,
+                    asdict(config),
+                    entry.get("cycles", entry.get("reason")),
+                    flush=True,
+                )
+        for cycles, config in best(results, klass_key)[:3]:
+            print(f"best {klass_key}: {cycles:.0f} cycles  {config}")
+
+
+if __name__ == "__main__":
+    main()
