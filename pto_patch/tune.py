@@ -27,7 +27,7 @@ from pto_patch.run.options import RunOptions, check_options, parse_batches
 from pto_patch.run.start import start_run
 from pto_patch.spec import load_spec
 from pto_patch.tune_selection import Candidate, Rules
-from pto_patch.tuning_file import write_tuning
+from pto_patch.tuning_file import OLDER_KERNELS, OLDER_KERNELS_HINT, kernel_tuning, write_tuning
 
 # Backends worth trying per device kind ("torch" is the eager code behind a switch: never faster).
 DEVICE_BACKENDS = {"cpu": ("fused",), "cuda": ("fused",), "npu": ("pypto", "npu", "fused")}
@@ -196,6 +196,9 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, list(started.failures), list(started.warnings)
     kernels, device, spec = loaded.kernels, loaded.device, loaded.spec
+    reader = kernel_tuning(kernels)
+    if reader is None:
+        raise PtoPatchError(f"{loaded.folder}: {OLDER_KERNELS}", OLDER_KERNELS_HINT)
     result = TuneResult(
         model_path=str(loaded.folder),
         device=device.name,
@@ -265,8 +268,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         result.batches.append(batch_entry(decision))
 
     header = {
-        "device": kernels.tuning.device_identity(device.name),
-        "versions": kernels.tuning.release_versions(),
+        "device": reader.device_identity(device.name),
+        "versions": reader.release_versions(),
         "pto_patch": __version__,
         "spec": spec.name,
         "ops_patched": list(loaded.state.patched_ops),
@@ -284,8 +287,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     result.duration_s = clock() - began
     header["duration_s"] = round(result.duration_s, 1)
     document = {
-        "format": kernels.tuning.FORMAT,
-        "format_version": kernels.tuning.FORMAT_VERSION,
+        "format": reader.FORMAT,
+        "format_version": reader.FORMAT_VERSION,
         "header": header,
         "batches": result.batches,
     }

@@ -8,7 +8,9 @@ it in the manifest (so `restore` removes it), and decides for verify and bench w
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,27 @@ class TuningLookup:
         return {"source": self.source, "file": self.file, "reason": self.reason}
 
 
+OLDER_KERNELS = "the folder's pto_kernels was written by an older pto-patch, which knows no tuning files"
+OLDER_KERNELS_HINT = "run `pto-patch restore` then `pto-patch apply` again, then `pto-patch tune`"
+
+
+def kernel_tuning(kernels):
+    """The folder's `pto_kernels.tuning`, or None where its kernel package predates this format."""
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # restore needs the bytes apply wrote
+    try:
+        module = importlib.import_module(f"{kernels.__name__}.tuning")
+    except ImportError:
+        return None
+    finally:
+        sys.dont_write_bytecode = saved
+    tuning_class = getattr(module, "Tuning", None)
+    if getattr(module, "FORMAT_VERSION", None) != 1 or "header" not in getattr(
+        tuning_class, "__dataclass_fields__", {}
+    ):
+        return None
+    return module
+
+
 def find_tuning(folder: Path, kernels, device_name: str, dtype: str, spec: str, patched: tuple[str, ...]):
     """The folder's tuning if it was made here (device, releases, dtype, spec, patched ops), else why not.
 
@@ -61,11 +84,16 @@ def find_tuning(folder: Path, kernels, device_name: str, dtype: str, spec: str, 
     path = tuning_path(folder)
     if not path.is_file():
         return TuningLookup(SOURCE_TABLE, f"no tuning in {TUNING_PATH} (run `pto-patch tune`)")
+    reader = kernel_tuning(kernels)
+    if reader is None:
+        return TuningLookup(
+            SOURCE_TABLE, f"{OLDER_KERNELS}; using the reference table ({OLDER_KERNELS_HINT})", str(path)
+        )
     try:
-        tuning = kernels.tuning.load(path)
-    except kernels.TuningError as exc:
+        tuning = reader.load(path)
+    except reader.TuningError as exc:
         return TuningLookup(SOURCE_TABLE, f"{exc}; using the reference table", str(path))
-    mismatch = tuning.mismatch(kernels.tuning.environment(device_name))
+    mismatch = tuning.mismatch(reader.environment(device_name))
     if mismatch is None:
         made = tuning.header.get("dtype")
         if made is not None and made != dtype:

@@ -326,3 +326,13 @@ def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_p
     error = json.loads(done.stdout)
     assert done.returncode == error["exit_code"] == 1
     assert "is working on" in error["error"] and not (patched_tiny / TUNING_PATH).exists()
+
+
+def test_a_kernel_package_older_than_tuning_files_means_the_table(patched_copy: Path):
+    import types
+
+    write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}))
+    older = types.ModuleType("pto_kernels_before_tuning")  # a package apply wrote before tuning.py existed
+    lookup = find_tuning(patched_copy, older, "cpu", "float32", "gutenocr_3b", tuple(OPS))
+    assert lookup.source == SOURCE_TABLE and "older pto-patch" in lookup.reason
+    assert "pto-patch restore" in lookup.reason
