@@ -38,7 +38,7 @@ WRITE_RESERVE_S = 1.0  # kept out of the measuring time for writing the file
 # What a tuned batch says about how it was decided.
 DECIDED_FASTER = "measured faster"
 DECIDED_NOTHING = "nothing measured faster"
-DECIDED_OUT_OF_TIME = "budget ran out before a gain was clear"
+DECIDED_OUT_OF_TIME = "no gain clear of the noise within the rounds and budget"
 
 
 @dataclass(frozen=True)
