@@ -74,6 +74,23 @@ class ApplyResult:
     overlay_of: Path | None = None  # apply --overlay: the source folder, which was only read
     elapsed_s: float = 0.0
 
+    @classmethod
+    def already_applied_from(
+        cls, folder: Path, manifest: Manifest, started: float, overlay_of: Path | None = None
+    ) -> ApplyResult:
+        """The result of an apply that found `folder` already patched as `manifest` records."""
+        return cls(
+            folder=folder,
+            spec=manifest.spec,
+            ops=manifest.ops,
+            release=manifest.transformers_release,
+            source=manifest.source,
+            files=tuple((r.path, r.action) for r in manifest.files),
+            already_applied=True,
+            overlay_of=overlay_of,
+            elapsed_s=time.perf_counter() - started,
+        )
+
 
 @dataclass(frozen=True)
 class RestoreResult:
@@ -331,16 +348,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                     "run `pto-patch restore` (with --force the edits are kept beside as *.edited), "
                     "then apply again",
                 )
-            return ApplyResult(
-                folder=folder,
-                spec=manifest.spec,
-                ops=manifest.ops,
-                release=manifest.transformers_release,
-                source=manifest.source,
-                files=tuple((r.path, r.action) for r in manifest.files),
-                already_applied=True,
-                elapsed_s=time.perf_counter() - started,
-            )
+            return ApplyResult.already_applied_from(folder, manifest, started)
         if dry_run:
             raise ModelFolderError(
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"

@@ -322,17 +322,7 @@ def apply_overlay(
     with folder_lock.shared(source):
         existing = _existing_overlay(out, source, chosen)
         if existing is not None:
-            return engine.ApplyResult(
-                folder=out,
-                spec=existing.spec,
-                ops=existing.ops,
-                release=existing.transformers_release,
-                source=existing.source,
-                files=tuple((r.path, r.action) for r in existing.files),
-                already_applied=True,
-                overlay_of=source,
-                elapsed_s=time.perf_counter() - started,
-            )
+            return engine.ApplyResult.already_applied_from(out, existing, started, overlay_of=source)
         planned, info = engine.plan_patch(source, spec, chosen)
         written = {item.path for item in planned}
         result = engine.ApplyResult(
