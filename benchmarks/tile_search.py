@@ -36,6 +36,10 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
         [{"rows": 700, "width": 2048}, {"rows": 2048, "width": 2048}],
         [TileConfig(row_tile=t) for t in (4, 8, 12)],
     ),
+    ("rms_norm", "prefill", 3584): (
+        [{"rows": 64, "width": 3584}, {"rows": 700, "width": 3584}, {"rows": 2048, "width": 3584}],
+        [TileConfig(row_tile=t) for t in (2, 3, 4, 5, 6, 8)],
+    ),
     ("rms_norm", "prefill", 1280): (
         [{"rows": 2500, "width": 1280}],
         [TileConfig(row_tile=t) for t in (8, 12, 16)],
