@@ -13,7 +13,12 @@ simulated once in its own subprocess with a time limit. Reported per shape:
 - us: cycles / 1800, the conversion pypto's own swim-lane tool uses;
 - floor: the minimum bytes the kernel must move (inputs, weights and outputs once) at the bandwidth
   the model's config implies, ddr_rate x ai_core_cnt bytes a cycle (x cube_freq: about 1.42 TB/s);
-- ratio: cycles / floor cycles (the roofline ratio; 1.0 is at the bandwidth floor).
+- ratio: cycles / floor cycles (the roofline ratio; 1.0 is at the bandwidth floor);
+- longest, spread, copy-in: the longest task's cycles, the cycles between the first and the last task
+  start, and the most serial copies from global memory in one task. In this model each copy waits a
+  fixed ~1,400 cycles however little it moves, and tasks start about 200 cycles apart in pairs, so a
+  small kernel's time is about spread + longest, and longest is at least copy-in x ~1,400 + ~360 (the
+  copy out): a decode RMSNorm (x and the weight: 2 copies) cannot go below ~3,200 cycles (1.8 us).
 Targets (issue 9): MLP <= 1.3x at decode, RMSNorm and MRoPE <= 2 us at decode and <= 1.5x at prefill.
 """
 
@@ -147,6 +152,38 @@ def swim_span(path: Path) -> tuple[int, int] | None:
     return max(end for _, end in spans) - min(start for start, _ in spans), len(spans)
 
 
+def fixed_costs(swim: Path, pipes: Path) -> dict | None:
+    """Where a small kernel's time goes: its longest task, how far apart the first and last task start
+    (the runtime hands tasks to cores a few at a time), and per task the serial copies from global
+    memory (`COPY_IN` on one MTE_IN pipe, each with a fixed latency however few bytes it moves)."""
+    import re
+    import statistics
+
+    lanes = [lane for lane in json.loads(swim.read_text()) if lane.get("coreType") in ("AIC", "AIV")]
+    tasks = [
+        t for lane in lanes for t in lane.get("tasks", []) if t.get("execEnd", 0) >= t.get("execStart", 0)
+    ]
+    if not tasks:
+        return None
+    copies: dict[tuple, int] = {}
+    latencies = []
+    for lane in json.loads(pipes.read_text()) if pipes.exists() else []:
+        for op in lane.get("pipeLogs", {}).get("MTE_IN", []):
+            if " COPY_IN " not in op.get("tileOp", ""):
+                continue
+            task = re.search(r"[Tt][Aa][Ss][Kk]\[(\d+)\]", op["tileOp"])
+            key = (lane.get("blockIdx"), task.group(1) if task else None)
+            copies[key] = copies.get(key, 0) + 1
+            latencies.append(op["execEnd"] - op["execStart"])
+    starts = [t["execStart"] for t in tasks]
+    return {
+        "longest_task": max(t["execEnd"] - t["execStart"] for t in tasks),
+        "dispatch_spread": max(starts) - min(starts),
+        "copy_ins_per_task": max(copies.values(), default=0),
+        "copy_in_cycles_median": statistics.median(latencies) if latencies else None,
+    }
+
+
 def _last_error_line(text: str) -> str:
     import re
 
@@ -192,6 +229,7 @@ def run_sim(op: str, params: dict, timeout_s: int, config: dict | None = None) -
             }
         report = out_dirs[-1] / "_simulate.stat.report.txt"
         report_text = report.read_text() if report.exists() else ""
+        entry |= fixed_costs(swim, out_dirs[-1] / "_simulate.pipe.swim.json") or {}
         entry |= {
             "status": "ok",
             "cycles": span[0],
@@ -242,7 +280,7 @@ def print_table(entries: list[dict], soc: dict) -> None:
     )
     print(
         f"{'kernel':<34} {'cycles':>9} {'us':>8} {'floor us':>9} {'ratio':>6} {'tasks':>6}"
-        f" {'target':>11} {'met':>4} {'wall s':>7}"
+        f" {'longest':>8} {'spread':>7} {'copy-in':>7} {'target':>11} {'met':>4} {'wall s':>7}"
     )
     for e in entries:
         if e["status"] != "ok":
@@ -251,7 +289,8 @@ def print_table(entries: list[dict], soc: dict) -> None:
         met = "" if "target_met" not in e else ("yes" if e["target_met"] else "NO")
         print(
             f"{_label(e):<34} {e['cycles']:>9} {e['us']:>8.2f} {e['floor_us']:>9.2f} {e['ratio']:>6.2f}"
-            f" {e['tasks']:>6} {e.get('target', ''):>11} {met:>4} {e['wall_s']:>7.1f}"
+            f" {e['tasks']:>6} {e.get('longest_task', ''):>8} {e.get('dispatch_spread', ''):>7}"
+            f" {e.get('copy_ins_per_task', ''):>7} {e.get('target', ''):>11} {met:>4} {e['wall_s']:>7.1f}"
         )
 
 

@@ -53,3 +53,43 @@ def test_soc_config_comes_from_the_installed_pypto():
     soc = bench_sim.soc_config()
     assert Path(soc["path"]).name == "A2A3.ini" and Path(soc["path"]).is_file()
     assert soc["ddr_rate_bytes_per_cycle"] > 0 and soc["ai_core_cnt"] > 0 and soc["cube_freq_mhz"] > 0
+
+
+def _pipe_lane(block, task, copies, latency=1400):
+    ops = [
+        {
+            "execStart": i * latency,
+            "execEnd": (i + 1) * latency,
+            "tileOp": f"1 COPY_IN a TO b TASK[{task}] (a)",
+        }
+        for i in range(copies)
+    ]
+    ops.append({"execStart": 0, "execEnd": 7, "tileOp": f"2 VEC_DUP TO c TASK[{task}]"})
+    return {"blockIdx": block, "coreType": "AIV", "pipeLogs": {"MTE_IN": ops}}
+
+
+def test_fixed_costs_name_the_longest_task_the_dispatch_spread_and_serial_copies(tmp_path):
+    swim, pipes = tmp_path / "_simulate.swim.json", tmp_path / "_simulate.pipe.swim.json"
+    swim.write_text(
+        json.dumps(
+            [
+                {"blockIdx": 0, "coreType": "HUB", "tasks": [{"execStart": 1, "execEnd": 90000}]},
+                {"blockIdx": 24, "coreType": "AIV", "tasks": [{"execStart": 3600, "execEnd": 7064}]},
+                {"blockIdx": 25, "coreType": "AIV", "tasks": [{"execStart": 3800, "execEnd": 8300}]},
+            ]
+        )
+    )
+    pipes.write_text(json.dumps([_pipe_lane(24, 0, 2), _pipe_lane(25, 1, 3, latency=1500)]))
+    costs = bench_sim.fixed_costs(swim, pipes)
+    assert costs == {
+        "longest_task": 4500,
+        "dispatch_spread": 200,
+        "copy_ins_per_task": 3,
+        "copy_in_cycles_median": 1500,
+    }
+    pipes.unlink()  # an older pypto without the pipe lanes: the task figures alone
+    assert bench_sim.fixed_costs(swim, pipes)["copy_ins_per_task"] == 0
+    swim.write_text(
+        json.dumps([{"blockIdx": 0, "coreType": "HUB", "tasks": [{"execStart": 1, "execEnd": 2}]}])
+    )
+    assert bench_sim.fixed_costs(swim, pipes) is None
