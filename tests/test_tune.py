@@ -21,11 +21,21 @@ import pytest
 
 from pto_patch import cli, engine
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
+from pto_patch.fileio import sha256_file
 from pto_patch.manifest import Manifest
 from pto_patch.run.options import RunOptions
 from pto_patch.tiny_model import make_tiny
 from pto_patch.tune import TuneOptions, backends_to_try, check_tune_options
-from pto_patch.tuning_file import SOURCE_TABLE, SOURCE_TUNING, TUNING_PATH, find_tuning, write_tuning
+from pto_patch.tuning_file import (
+    CHANGED_SINCE_TUNE,
+    NOT_A_PLAIN_FILE,
+    NOT_RECORDED,
+    SOURCE_TABLE,
+    SOURCE_TUNING,
+    TUNING_PATH,
+    find_tuning,
+    write_tuning,
+)
 from tests.folder_snapshot import snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
@@ -170,8 +180,8 @@ def test_a_budget_of_nothing_is_refused_in_json(tmp_path: Path, patched_tiny: Pa
 # --- the tuning file and who trusts it ------------------------------------------------------------
 
 
-def _tuning(chosen: dict[str, str], **header) -> dict:
-    here = pto_kernels.tuning.environment("cpu")
+def _tuning(chosen: dict[str, str], on: str = "cpu", **header) -> dict:
+    here = pto_kernels.tuning.environment(on)
     doc = {
         "format": pto_kernels.tuning.FORMAT,
         "format_version": pto_kernels.tuning.FORMAT_VERSION,
@@ -225,12 +235,113 @@ def test_a_tuning_made_elsewhere_falls_back_to_the_table_saying_why(
     assert says in lookup.reason and "\n" not in lookup.reason and "reference table" in lookup.reason
 
 
+def _record_tuning(folder: Path, record: dict | None) -> None:
+    """Set (or, with None, drop) the manifest's record of the tuning, as a hand edit would."""
+    manifest = Manifest.load(folder)
+    extra = {key: value for key, value in manifest.extra.items() if key != "tuning"}
+    if record is not None:
+        extra["tuning"] = record
+    dataclasses.replace(manifest, extra=extra).save(folder)
+
+
 def test_no_or_a_damaged_tuning_is_the_table(patched_copy: Path):
     lookup = _find(patched_copy)
     assert lookup.source == SOURCE_TABLE and lookup.file is None and "pto-patch tune" in lookup.reason
-    (patched_copy / TUNING_PATH).write_text("{", encoding="utf-8")
+    path = patched_copy / TUNING_PATH
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("{", encoding="utf-8")
+    _record_tuning(patched_copy, {"path": TUNING_PATH, "sha256": sha256_file(path)})
     lookup = _find(patched_copy)
     assert lookup.source == SOURCE_TABLE and "not readable JSON" in lookup.reason
+
+
+def _said_once(lookup, why: str) -> None:
+    assert lookup.source == SOURCE_TABLE and lookup.tuning is None and lookup.read is None
+    assert lookup.reason.startswith(why) and "\n" not in lookup.reason
+    assert "run `pto-patch tune` again" in lookup.reason and "reference table" in lookup.reason
+
+
+def test_a_tuning_edited_after_tune_wrote_it_is_not_used(patched_copy: Path):
+    path = write_tuning(patched_copy, _tuning({}))
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["batches"][0]["chosen"] = {"rms_norm": "fused"}  # a hand edit that still matches this device
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    _said_once(_find(patched_copy), CHANGED_SINCE_TUNE)
+
+
+def test_a_tuning_the_manifest_does_not_record_is_not_used(patched_copy: Path):
+    write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}))
+    _record_tuning(patched_copy, None)  # e.g. tuning.json copied in from another folder
+    _said_once(_find(patched_copy), NOT_RECORDED)
+
+
+def test_a_manifest_record_pointing_outside_the_folder_is_never_followed(patched_copy: Path, tmp_path: Path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps(_tuning({"swiglu_mlp": "fused"})), encoding="utf-8")
+    write_tuning(patched_copy, _tuning({}))
+    _record_tuning(patched_copy, {"path": str(outside), "sha256": sha256_file(outside)})
+    lookup = _find(patched_copy)
+    _said_once(lookup, "the manifest's tuning record is not one tune writes")
+
+    # nor a tuning.json that is a link out of the folder, even with the sha256 of what it leads to
+    (patched_copy / TUNING_PATH).unlink()
+    (patched_copy / TUNING_PATH).symlink_to(outside)
+    _record_tuning(patched_copy, {"path": TUNING_PATH, "sha256": sha256_file(outside)})
+    _said_once(_find(patched_copy), NOT_A_PLAIN_FILE)
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+def _status(folder: Path) -> dict:
+    from pto_patch.report import json_document
+
+    return json_document(engine.model_status(model_path=folder))
+
+
+def test_status_without_a_tuning_says_null(patched_copy: Path):
+    assert _status(patched_copy)["tuning"] is None
+
+
+def test_status_shows_the_tuning_it_would_use_and_the_choice_per_batch(patched_copy: Path, capsys):
+    doc = _tuning({"swiglu_mlp": "fused"}, on=pto_kernels.tuning.device_identity()["kind"])
+    doc["batches"].append({"batch": 8, "chosen": {}, "decided": "nothing measured faster"})
+    write_tuning(patched_copy, doc)
+    tuning = _status(patched_copy)["tuning"]
+    assert tuning["file"] == str(patched_copy / TUNING_PATH) and tuning["applies"] is True
+    assert tuning["reason"].startswith("tuned on this device")
+    assert tuning["made_on"]["dtype"] == "float32" and tuning["made_on"]["device"] == doc["header"]["device"]
+    assert [(entry["batch"], entry["chosen"]) for entry in tuning["batches"]] == [
+        (1, {"swiglu_mlp": "fused"}),
+        (8, {}),
+    ]
+    section = SCHEMAS.read_text(encoding="utf-8").split("\n## status\n")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| `tuning` |"))
+    assert all(f"`{key}`" in row for key in tuning)
+
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--model-path", str(patched_copy)])
+    text = capsys.readouterr().out
+    assert "batch 1" in text and "swiglu_mlp=fused" in text and "nothing on" in text and "used:" in text
+
+
+def test_status_says_why_a_tuning_is_not_used_as_verify_does(patched_copy: Path, capsys):
+    write_tuning(
+        patched_copy, _tuning({"swiglu_mlp": "fused"}, device={"kind": "cpu", "name": "Another CPU"})
+    )
+    tuning = _status(patched_copy)["tuning"]
+    verify_says = find_tuning(patched_copy, pto_kernels, None, "float32", "gutenocr_3b", tuple(OPS)).reason
+    assert tuning["applies"] is False and tuning["reason"] == verify_says and "Another CPU" in verify_says
+    assert tuning["batches"][0]["chosen"] == {"swiglu_mlp": "fused"}  # shown, though not used
+
+    path = patched_copy / TUNING_PATH
+    path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    tuning = _status(patched_copy)["tuning"]
+    assert tuning["applies"] is False and tuning["reason"].startswith(CHANGED_SINCE_TUNE)
+    assert tuning["made_on"] is None and tuning["batches"] == []  # an edited file's content is not shown
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--model-path", str(patched_copy)])
+    assert "not used" in capsys.readouterr().out
 
 
 # --- end to end -----------------------------------------------------------------------------------
