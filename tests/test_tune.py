@@ -447,3 +447,38 @@ def test_a_kernel_package_older_than_tuning_files_means_the_table(patched_copy: 
     lookup = find_tuning(patched_copy, older, "cpu", "float32", "gutenocr_3b", tuple(OPS))
     assert lookup.source == SOURCE_TABLE and "older pto-patch" in lookup.reason
     assert "pto-patch restore" in lookup.reason
+
+
+# --- pto_kernels.apply_tuning checks the dtype the tuning was measured in ------------------------
+
+
+def _kernels():
+    """The repository's pto_kernels as now imported (a status test may have made Python forget it)."""
+    import importlib
+
+    return importlib.import_module("pto_kernels")
+
+
+def test_apply_tuning_refuses_a_tuning_measured_in_another_dtype():
+    import torch
+
+    kernels = _kernels()
+    kernels.disable()
+    doc = _tuning({"swiglu_mlp": "fused"}, dtype="bfloat16")
+    for dtype, says in ((torch.float32, "this model is float32"), (None, "pass dtype=")):
+        with pytest.raises(kernels.TuningMismatchError) as caught:
+            kernels.apply_tuning(doc, 1, device="cpu", dtype=dtype)
+        message = str(caught.value)
+        assert "measured in bfloat16" in message and says in message and "\n" not in message
+        assert kernels.switched_on() == ()  # nothing was switched on
+    for dtype in (torch.bfloat16, "bf16", "bfloat16"):
+        assert kernels.apply_tuning(doc, 1, device="cpu", dtype=dtype).ops == {"swiglu_mlp": "fused"}
+    kernels.disable()
+
+
+def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
+    kernels = _kernels()
+    doc = _tuning({"mrope": "fused"})
+    del doc["header"]["dtype"]  # written before tune recorded the dtype
+    assert kernels.apply_tuning(doc, 1, device="cpu").ops == {"mrope": "fused"}
+    kernels.disable()
