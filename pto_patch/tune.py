@@ -27,7 +27,7 @@ from pto_patch.run.options import RunOptions, check_options, parse_batches
 from pto_patch.run.start import start_run
 from pto_patch.spec import load_spec
 from pto_patch.tune_selection import Candidate, Rules
-from pto_patch.tuning_file import OLDER_KERNELS, OLDER_KERNELS_HINT, kernel_tuning, write_tuning
+from pto_patch.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, write_tuning
 
 # Backends worth trying per device kind ("torch" is the eager code behind a switch: never faster).
 DEVICE_BACKENDS = {"cpu": ("fused",), "cuda": ("fused",), "npu": ("pypto", "npu", "fused")}
@@ -170,6 +170,16 @@ def batch_entry(decision: tune_selection.BatchDecision) -> dict[str, Any]:
     }
 
 
+def undecided_warning(entry: dict[str, Any]) -> str | None:
+    """One warning line for a batch left undecided (the rounds or the budget ran out), else None."""
+    if entry["decided"] != DECIDED_OUT_OF_TIME:
+        return None
+    return (
+        f"batch {entry['batch']}: {DECIDED_OUT_OF_TIME}, so nothing is switched on there; "
+        "run tune again with a larger --budget-s (or --iters), on a quieter machine"
+    )
+
+
 def run_tune(
     options: TuneOptions,
     *,
@@ -198,7 +208,10 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     kernels, device, spec = loaded.kernels, loaded.device, loaded.spec
     reader = kernel_tuning(kernels)
     if reader is None:
-        raise PtoPatchError(f"{loaded.folder}: {OLDER_KERNELS}", OLDER_KERNELS_HINT)
+        raise PtoPatchError(  # tuning_file.OLDER_KERNELS, spelled out so the docs can quote it
+            f"{loaded.folder}: the folder's pto_kernels was written by an older pto-patch, which knows no tuning files",
+            OLDER_KERNELS_HINT,
+        )
     result = TuneResult(
         model_path=str(loaded.folder),
         device=device.name,
@@ -265,7 +278,11 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
             kernels.disable()
         if warm_ups:
             warm_up_s, warm_up_batch = max(warm_ups), batch
-        result.batches.append(batch_entry(decision))
+        entry = batch_entry(decision)
+        result.batches.append(entry)
+        warning = undecided_warning(entry)
+        if warning is not None:
+            warnings.append(warning)
 
     header = {
         "device": reader.device_identity(device.name),

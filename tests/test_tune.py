@@ -482,3 +482,29 @@ def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
     del doc["header"]["dtype"]  # written before tune recorded the dtype
     assert kernels.apply_tuning(doc, 1, device="cpu").ops == {"mrope": "fused"}
     kernels.disable()
+
+
+# --- an undecided batch is one warning line -------------------------------------------------------
+
+
+def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
+    from pto_patch import tune_selection as ts
+    from pto_patch.tune import DECIDED_OUT_OF_TIME, batch_entry, undecided_warning
+
+    now = [0.0]
+
+    def run_once(candidate):  # 1 s a run, the op 20 % faster: clear, given rounds enough
+        now[0] += 1.0
+        return 12.0 if candidate.ops else 10.0
+
+    rules = ts.Rules(warmup=1, min_rounds=5, max_rounds=15)
+    candidate = ts.Candidate.of({"swiglu_mlp": "fused"})
+    cut = ts.decide_batch(4, [candidate], run_once, rules, deadline=7.5, clock=lambda: now[0])
+    entry = batch_entry(cut)
+    assert entry["decided"] == DECIDED_OUT_OF_TIME and entry["chosen"] == {}
+    warning = undecided_warning(entry)
+    assert warning.startswith(f"batch 4: {DECIDED_OUT_OF_TIME}") and "--budget-s" in warning
+    assert "\n" not in warning
+
+    now[0] = 0.0
+    assert undecided_warning(batch_entry(ts.decide_batch(4, [candidate], run_once, rules))) is None
