@@ -429,6 +429,31 @@ def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Pat
     assert bench["runs"][0]["pto"]["ops"]["swiglu_mlp"]["backends"].get("fused", 0) > 0
 
 
+@pytest.mark.slow
+def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: Path):
+    source = tmp_path / "GutenOCR-tiny"
+    make_tiny(source)
+    before = snapshot(source)
+    out = tmp_path / "GutenOCR-tiny-pto"
+    engine.apply_patch(model_path=source, overlay=out)
+
+    # a budget of 1 s is mostly spent by the load; whatever was measured, the tuning is written and recorded
+    args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "1", *QUICK]
+    done = run_cli(args, tmp_path)
+    doc = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, doc
+    tuning = out / TUNING_PATH
+    assert doc["tuning_file"] == str(tuning) and [entry["batch"] for entry in doc["batches"]] == [1]
+    manifest = Manifest.load(out)
+    assert manifest.extra["tuning"]["sha256"] == sha256_file(tuning) and "overlay" in manifest.extra
+    assert _status(out)["tuning"]["file"] == str(tuning)
+    assert snapshot(source) == before  # the overlay's source is never written
+
+    engine.restore_model(model_path=out)
+    assert not tuning.exists() and not out.exists()  # apply created the overlay folder, restore removes it
+    assert snapshot(source) == before
+
+
 def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_path: Path):
     from pto_patch import folder_lock
 
