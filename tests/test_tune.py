@@ -533,3 +533,9 @@ def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
 
     now[0] = 0.0
     assert undecided_warning(batch_entry(ts.decide_batch(4, [candidate], run_once, rules))) is None
+
+    # the budget ran out before any op was probed: nothing was compared, so that is undecided too
+    nothing_to_try = ts.decide_batch(1, [], run_once, rules)
+    assert batch_entry(nothing_to_try)["decided"] == "nothing measured faster"
+    entry = batch_entry(nothing_to_try, ops_left_untried=True)
+    assert entry["decided"] == DECIDED_OUT_OF_TIME and undecided_warning(entry) is not None
