@@ -177,7 +177,7 @@ def tuning_status(folder: Path, manifest: Manifest, drifted: tuple[str, ...]) ->
     whose patched files drifted is not imported (verify would refuse to run it).
     """
     from pto_patch.errors import PtoPatchError
-    from pto_patch.run.folder import forget_folder_kernels, import_folder_kernels
+    from pto_patch.run.folder import borrowed_folder_kernels
 
     path = tuning_path(folder)
     if not (path.exists() or path.is_symlink()):
@@ -193,14 +193,11 @@ def tuning_status(folder: Path, manifest: Manifest, drifted: tuple[str, ...]) ->
         shown["reason"] = "not checked: patched files differ from what apply wrote (see drifted)"
         return shown
     try:
-        kernels = import_folder_kernels(folder)
+        with borrowed_folder_kernels(folder) as kernels:
+            lookup = find_tuning(folder, kernels, None, None, manifest.spec, manifest.ops, manifest=manifest)
     except PtoPatchError as exc:
         shown["reason"] = f"not checked: {exc.message}"
         return shown
-    try:
-        lookup = find_tuning(folder, kernels, None, None, manifest.spec, manifest.ops, manifest=manifest)
-    finally:
-        forget_folder_kernels(folder)
     shown.update(applies=lookup.source == SOURCE_TUNING, reason=lookup.reason)
     if lookup.read is not None:
         made = lookup.read

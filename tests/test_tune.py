@@ -308,6 +308,8 @@ def test_status_shows_the_tuning_it_would_use_and_the_choice_per_batch(patched_c
     doc["batches"].append({"batch": 8, "chosen": {}, "decided": "nothing measured faster"})
     write_tuning(patched_copy, doc)
     tuning = _status(patched_copy)["tuning"]
+    assert sys.modules["pto_kernels"] is pto_kernels  # status borrowed the folder's copy, then put this back
+    assert str(patched_copy) not in sys.path
     assert tuning["file"] == str(patched_copy / TUNING_PATH) and tuning["applies"] is True
     assert tuning["reason"].startswith("tuned on this device")
     assert tuning["made_on"]["dtype"] == "float32" and tuning["made_on"]["device"] == doc["header"]["device"]
@@ -477,17 +479,10 @@ def test_a_kernel_package_older_than_tuning_files_means_the_table(patched_copy: 
 # --- pto_kernels.apply_tuning checks the dtype the tuning was measured in ------------------------
 
 
-def _kernels():
-    """The repository's pto_kernels as now imported (a status test may have made Python forget it)."""
-    import importlib
-
-    return importlib.import_module("pto_kernels")
-
-
 def test_apply_tuning_refuses_a_tuning_measured_in_another_dtype():
     import torch
 
-    kernels = _kernels()
+    kernels = pto_kernels
     kernels.disable()
     doc = _tuning({"swiglu_mlp": "fused"}, dtype="bfloat16")
     for dtype, says in ((torch.float32, "this model is float32"), (None, "pass dtype=")):
@@ -502,7 +497,7 @@ def test_apply_tuning_refuses_a_tuning_measured_in_another_dtype():
 
 
 def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
-    kernels = _kernels()
+    kernels = pto_kernels
     doc = _tuning({"mrope": "fused"})
     del doc["header"]["dtype"]  # written before tune recorded the dtype
     assert kernels.apply_tuning(doc, 1, device="cpu").ops == {"mrope": "fused"}
