@@ -476,6 +476,17 @@ def test_a_kernel_package_older_than_tuning_files_means_the_table(patched_copy: 
     assert "pto-patch restore" in lookup.reason
 
 
+def test_status_does_not_import_the_kernels_of_a_drifted_folder(patched_copy: Path):
+    write_tuning(
+        patched_copy, _tuning({"swiglu_mlp": "fused"}, on=pto_kernels.tuning.device_identity()["kind"])
+    )
+    init = patched_copy / "pto_kernels" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8") + "\nraise RuntimeError('edited')\n", encoding="utf-8")
+    status = _status(patched_copy)
+    assert status["drifted"] == ["pto_kernels/__init__.py"]
+    assert status["tuning"]["applies"] is False and status["tuning"]["reason"].startswith("not checked")
+
+
 # --- pto_kernels.apply_tuning checks the dtype the tuning was measured in ------------------------
 
 
