@@ -41,6 +41,7 @@ from pto_patch.model_folder import read_download_record, read_model_config, reso
 from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
+from pto_patch.tuning_file import tuning_status
 
 KERNEL_PACKAGE = "pto_kernels"
 
@@ -120,6 +121,7 @@ class StatusResult:
     files: tuple[tuple[str, str], ...] = ()
     download: dict | None = None
     overlay: dict | None = None  # apply --overlay: the source folder and what changed there since
+    tuning: dict | None = None  # after `pto-patch tune`: tuning_file.tuning_status
 
     @property
     def needs_reapply(self) -> bool:
@@ -474,4 +476,5 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
         overlay=overlays.status_of(folder, manifest),
+        tuning=tuning_status(folder, manifest, state.drifted) if state.patched else None,
     )

@@ -149,7 +149,7 @@ def _damaged(path: Path, problem: str) -> ModelFolderError:
     )
 
 
-def _is_sha256(value: Any) -> bool:
+def is_sha256(value: Any) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
@@ -176,7 +176,7 @@ def malformed(manifest: Manifest) -> str | None:
             return f"path {record.path!r} lies in pto-patch's own {MANIFEST_DIR}/"
         if record.action not in _ACTIONS:
             return f"{record.path}: action {record.action!r} is neither added nor modified"
-        if not _is_sha256(record.sha256_after):
+        if not is_sha256(record.sha256_after):
             return f"{record.path}: sha256_after is not a sha256"
         if record.mode is not None and (not isinstance(record.mode, int) or not 0 <= record.mode <= 0o7777):
             return f"{record.path}: mode {record.mode!r} is not a file mode"
@@ -187,7 +187,7 @@ def malformed(manifest: Manifest) -> str | None:
         ):
             return f"{record.path}: symlink_target {record.symlink_target!r} is not a link target"
         if record.action == "modified":
-            if not _is_sha256(record.sha256_before):
+            if not is_sha256(record.sha256_before):
                 return f"{record.path}: sha256_before is not a sha256"
             problem = _relative_problem(record.backup, f"{record.path}: backup")
             if problem:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from pto_patch.console import err, out, print_json
@@ -121,9 +122,27 @@ def _status_text(result) -> None:
             "source changed",
             ("[red]" + ", ".join(changed) + "[/] (restore, then apply --overlay again)") if changed else "no",
         )
+    if result.tuning:
+        _tuning_rows(table, result.tuning)
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)
+
+
+def _tuning_rows(table: Table, tuning: dict[str, Any]) -> None:
+    table.add_row("tuning", escape(tuning["file"]))
+    verdict = "[green]used[/]" if tuning["applies"] else "[red]not used[/]"
+    table.add_row("tuning applies", f"{verdict}: {escape(tuning['reason'])}")
+    made = tuning["made_on"]
+    if made:
+        releases = ", ".join(f"{dist} {version}" for dist, version in made["versions"].items() if version)
+        where = (
+            f"{made['device']['kind']} '{made['device']['name']}', {made['dtype'] or 'dtype not recorded'}"
+        )
+        table.add_row("tuned on", escape(f"{where}; {releases}"))
+    for entry in tuning["batches"]:
+        chosen = ", ".join(f"{op}={backend}" for op, backend in entry["chosen"].items()) or "nothing on"
+        table.add_row(f"  batch {entry['batch']}", escape(chosen))
 
 
 # --- models, make-tiny, download, skill -----------------------------------------------------------

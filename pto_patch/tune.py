@@ -27,7 +27,7 @@ from pto_patch.run.options import RunOptions, check_options, parse_batches
 from pto_patch.run.start import start_run
 from pto_patch.spec import load_spec
 from pto_patch.tune_selection import Candidate, Rules
-from pto_patch.tuning_file import OLDER_KERNELS, OLDER_KERNELS_HINT, kernel_tuning, write_tuning
+from pto_patch.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, write_tuning
 
 # Backends worth trying per device kind ("torch" is the eager code behind a switch: never faster).
 DEVICE_BACKENDS = {"cpu": ("fused",), "cuda": ("fused",), "npu": ("pypto", "npu", "fused")}
@@ -39,6 +39,7 @@ WRITE_RESERVE_S = 1.0  # kept out of the measuring time for writing the file
 DECIDED_FASTER = "measured faster"
 DECIDED_NOTHING = "nothing measured faster"
 DECIDED_OUT_OF_TIME = "no gain clear of the noise within the rounds and budget"
+NOT_PROBED = "not tried: the budget was spent"
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def probe(
     for op in ops:
         for backend in backends:
             if clock() + longest > deadline:
-                note = "not tried: the budget was spent"
+                note = NOT_PROBED
                 notes.append({"op": op, "backend": backend, "runs_here": False, "note": note})
                 continue
             kernels.reset_stats()
@@ -143,12 +144,15 @@ def probe(
     return usable, notes, longest
 
 
-def batch_entry(decision: tune_selection.BatchDecision) -> dict[str, Any]:
-    """One batch of the tuning file: the choice, its speed with spread, and every alternative tried."""
+def batch_entry(decision: tune_selection.BatchDecision, *, ops_left_untried: bool = False) -> dict[str, Any]:
+    """One batch of the tuning file: the choice, its speed with spread, and every alternative tried.
+
+    `ops_left_untried`: the budget ran out before every op was probed, so "nothing faster" is not known.
+    """
     chosen = decision.chosen
     if chosen is not None:
         decided = DECIDED_FASTER
-    elif any(
+    elif ops_left_untried or any(
         entry.verdict in (tune_selection.UNDECIDED, tune_selection.NOT_MEASURED) for entry in decision.tried
     ):
         decided = DECIDED_OUT_OF_TIME
@@ -168,6 +172,16 @@ def batch_entry(decision: tune_selection.BatchDecision) -> dict[str, Any]:
         "alternatives": [entry.summary() for entry in decision.tried],
         "stages": decision.stages,
     }
+
+
+def undecided_warning(entry: dict[str, Any]) -> str | None:
+    """One warning line for a batch left undecided (the rounds or the budget ran out), else None."""
+    if entry["decided"] != DECIDED_OUT_OF_TIME:
+        return None
+    return (
+        f"batch {entry['batch']}: {DECIDED_OUT_OF_TIME}, so nothing is switched on there; "
+        "run tune again with a larger --budget-s (or --iters), on a quieter machine"
+    )
 
 
 def run_tune(
@@ -198,7 +212,10 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     kernels, device, spec = loaded.kernels, loaded.device, loaded.spec
     reader = kernel_tuning(kernels)
     if reader is None:
-        raise PtoPatchError(f"{loaded.folder}: {OLDER_KERNELS}", OLDER_KERNELS_HINT)
+        raise PtoPatchError(  # tuning_file.OLDER_KERNELS, spelled out so the docs can quote it
+            f"{loaded.folder}: the folder's pto_kernels was written by an older pto-patch, which knows no tuning files",
+            OLDER_KERNELS_HINT,
+        )
     result = TuneResult(
         model_path=str(loaded.folder),
         device=device.name,
@@ -265,7 +282,11 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
             kernels.disable()
         if warm_ups:
             warm_up_s, warm_up_batch = max(warm_ups), batch
-        result.batches.append(batch_entry(decision))
+        entry = batch_entry(decision, ops_left_untried=any(p["note"] == NOT_PROBED for p in result.probes))
+        result.batches.append(entry)
+        warning = undecided_warning(entry)
+        if warning is not None:
+            warnings.append(warning)
 
     header = {
         "device": reader.device_identity(device.name),
@@ -293,7 +314,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         "batches": result.batches,
     }
     result.tuning_file = str(write_tuning(loaded.folder, document))
-    if not usable:
+    if not usable and not any(probe["note"] == NOT_PROBED for probe in result.probes):
         warnings.append("no op ran on any backend here without falling back; the tuning switches nothing on")
     return result
 

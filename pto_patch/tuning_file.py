@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.fileio import atomic_write_bytes, sha256_file
-from pto_patch.manifest import MANIFEST_DIR, Manifest
+from pto_patch.manifest import MANIFEST_DIR, Manifest, is_sha256, parent_escapes
 
 TUNING_NAME = "tuning.json"
 TUNING_PATH = f"{MANIFEST_DIR}/{TUNING_NAME}"  # relative to the model folder
@@ -42,6 +42,35 @@ def write_tuning(folder: Path, document: dict[str, Any]) -> Path:
     return path
 
 
+# Why a tuning file in the folder is not the one tune wrote (see `unrecorded_change`).
+NOT_RECORDED = f"{TUNING_PATH} is not recorded in the manifest, so `pto-patch tune` did not write it here"
+CHANGED_SINCE_TUNE = f"{TUNING_PATH} was changed after tune wrote it"
+NOT_A_PLAIN_FILE = f"{TUNING_PATH} is not a plain file inside the folder"
+TUNE_AGAIN = "run `pto-patch tune` again"
+
+
+def unrecorded_change(folder: Path, manifest: Manifest) -> str | None:
+    """Why the folder's tuning file is not the one tune wrote and recorded (one line), or None if it is.
+
+    Only the fixed TUNING_PATH is ever read: a manifest that names another path is not followed.
+    """
+    record = manifest.extra.get(MANIFEST_KEY)
+    if record is None:
+        return NOT_RECORDED
+    if (
+        not isinstance(record, dict)
+        or record.get("path") != TUNING_PATH
+        or not is_sha256(record.get("sha256"))
+    ):
+        return f"the manifest's tuning record is not one tune writes (it names {TUNING_PATH} and a sha256)"
+    path = tuning_path(folder)
+    if path.is_symlink() or not path.is_file() or parent_escapes(Path(folder).resolve(), TUNING_PATH):
+        return NOT_A_PLAIN_FILE
+    if sha256_file(path) != record["sha256"]:
+        return CHANGED_SINCE_TUNE
+    return None
+
+
 @dataclass(frozen=True)
 class TuningLookup:
     """Where --use_dynamic_config takes its choice from, and why (one line)."""
@@ -50,6 +79,7 @@ class TuningLookup:
     reason: str
     file: str | None = None
     tuning: Any = None  # pto_kernels.tuning.Tuning when source is SOURCE_TUNING
+    read: Any = None  # the Tuning read from the file, also where it does not apply here
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "file": self.file, "reason": self.reason}
@@ -76,14 +106,28 @@ def kernel_tuning(kernels):
     return module
 
 
-def find_tuning(folder: Path, kernels, device_name: str, dtype: str, spec: str, patched: tuple[str, ...]):
-    """The folder's tuning if it was made here (device, releases, dtype, spec, patched ops), else why not.
+def find_tuning(
+    folder: Path,
+    kernels,
+    device_name: str | None,
+    dtype: str | None,
+    spec: str,
+    patched: tuple[str, ...],
+    *,
+    manifest: Manifest | None = None,
+) -> TuningLookup:
+    """The folder's tuning if tune wrote it (its sha256 in the manifest) and it was made here (device,
+    releases, dtype, spec, patched ops), else why not.
 
     `kernels` is the folder's own pto_kernels module, whose `tuning` reads and checks the file.
+    `device_name` None is the default device (NPU, else CUDA, else CPU); `dtype` None is not checked.
     """
     path = tuning_path(folder)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return TuningLookup(SOURCE_TABLE, f"no tuning in {TUNING_PATH} (run `pto-patch tune`)")
+    changed = unrecorded_change(folder, manifest or Manifest.load(folder))
+    if changed is not None:
+        return TuningLookup(SOURCE_TABLE, f"{changed}: {TUNE_AGAIN}; using the reference table", str(path))
     reader = kernel_tuning(kernels)
     if reader is None:
         return TuningLookup(
@@ -96,7 +140,7 @@ def find_tuning(folder: Path, kernels, device_name: str, dtype: str, spec: str, 
     mismatch = tuning.mismatch(reader.environment(device_name))
     if mismatch is None:
         made = tuning.header.get("dtype")
-        if made is not None and made != dtype:
+        if dtype is not None and made is not None and made != dtype:
             mismatch = f"tuning {path} was measured in {made}, this run is {dtype}: run `pto-patch tune` here"
         elif tuning.spec != spec or tuple(tuning.ops_patched) != tuple(patched):
             mismatch = (
@@ -104,8 +148,10 @@ def find_tuning(folder: Path, kernels, device_name: str, dtype: str, spec: str, 
                 f"this folder is {spec} with {','.join(patched)}: run `pto-patch tune` again"
             )
     if mismatch is not None:
-        return TuningLookup(SOURCE_TABLE, f"{mismatch}; using the reference table", str(path))
-    return TuningLookup(SOURCE_TUNING, f"tuned on this device ({tuning.device['name']})", str(path), tuning)
+        return TuningLookup(SOURCE_TABLE, f"{mismatch}; using the reference table", str(path), read=tuning)
+    return TuningLookup(
+        SOURCE_TUNING, f"tuned on this device ({tuning.device['name']})", str(path), tuning, read=tuning
+    )
 
 
 def lookup_for_run(loaded, warnings: list[str]) -> TuningLookup:
@@ -121,6 +167,50 @@ def lookup_for_run(loaded, warnings: list[str]) -> TuningLookup:
     if lookup.source == SOURCE_TABLE and lookup.file is not None:
         warnings.append(f"--use_dynamic_config: {lookup.reason}")
     return lookup
+
+
+def tuning_status(folder: Path, manifest: Manifest, drifted: tuple[str, ...]) -> dict[str, Any] | None:
+    """What `status` shows of the folder's tuning: where it is, whether verify and bench would use it on
+    this machine's default device (and if not, their one-line reason), and its choice per batch size.
+
+    None where there is no tuning file. The folder's own pto_kernels reads it, as in verify; a folder
+    whose patched files drifted is not imported (verify would refuse to run it).
+    """
+    from pto_patch.errors import PtoPatchError
+    from pto_patch.run.folder import borrowed_folder_kernels
+
+    path = tuning_path(folder)
+    if not (path.exists() or path.is_symlink()):
+        return None
+    shown: dict[str, Any] = {
+        "file": str(path),
+        "applies": False,
+        "reason": "",
+        "made_on": None,
+        "batches": [],
+    }
+    if drifted:
+        shown["reason"] = "not checked: patched files differ from what apply wrote (see drifted)"
+        return shown
+    try:
+        with borrowed_folder_kernels(folder) as kernels:
+            lookup = find_tuning(folder, kernels, None, None, manifest.spec, manifest.ops, manifest=manifest)
+    except PtoPatchError as exc:
+        shown["reason"] = f"not checked: {exc.message}"
+        return shown
+    shown.update(applies=lookup.source == SOURCE_TUNING, reason=lookup.reason)
+    if lookup.read is not None:
+        made = lookup.read
+        shown["made_on"] = {
+            "device": made.device,
+            "versions": made.versions,
+            "dtype": made.header.get("dtype"),
+        }
+        shown["batches"] = [
+            {"batch": choice.batch, "chosen": dict(choice.ops), "decided": choice.decided}
+            for choice in sorted(made.batches, key=lambda choice: choice.batch)
+        ]
+    return shown
 
 
 def describe_backend(backend: str | dict[str, str]) -> str:

@@ -21,11 +21,21 @@ import pytest
 
 from pto_patch import cli, engine
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
+from pto_patch.fileio import sha256_file
 from pto_patch.manifest import Manifest
 from pto_patch.run.options import RunOptions
 from pto_patch.tiny_model import make_tiny
 from pto_patch.tune import TuneOptions, backends_to_try, check_tune_options
-from pto_patch.tuning_file import SOURCE_TABLE, SOURCE_TUNING, TUNING_PATH, find_tuning, write_tuning
+from pto_patch.tuning_file import (
+    CHANGED_SINCE_TUNE,
+    NOT_A_PLAIN_FILE,
+    NOT_RECORDED,
+    SOURCE_TABLE,
+    SOURCE_TUNING,
+    TUNING_PATH,
+    find_tuning,
+    write_tuning,
+)
 from tests.folder_snapshot import snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
@@ -170,8 +180,8 @@ def test_a_budget_of_nothing_is_refused_in_json(tmp_path: Path, patched_tiny: Pa
 # --- the tuning file and who trusts it ------------------------------------------------------------
 
 
-def _tuning(chosen: dict[str, str], **header) -> dict:
-    here = pto_kernels.tuning.environment("cpu")
+def _tuning(chosen: dict[str, str], on: str = "cpu", **header) -> dict:
+    here = pto_kernels.tuning.environment(on)
     doc = {
         "format": pto_kernels.tuning.FORMAT,
         "format_version": pto_kernels.tuning.FORMAT_VERSION,
@@ -225,12 +235,115 @@ def test_a_tuning_made_elsewhere_falls_back_to_the_table_saying_why(
     assert says in lookup.reason and "\n" not in lookup.reason and "reference table" in lookup.reason
 
 
+def _record_tuning(folder: Path, record: dict | None) -> None:
+    """Set (or, with None, drop) the manifest's record of the tuning, as a hand edit would."""
+    manifest = Manifest.load(folder)
+    extra = {key: value for key, value in manifest.extra.items() if key != "tuning"}
+    if record is not None:
+        extra["tuning"] = record
+    dataclasses.replace(manifest, extra=extra).save(folder)
+
+
 def test_no_or_a_damaged_tuning_is_the_table(patched_copy: Path):
     lookup = _find(patched_copy)
     assert lookup.source == SOURCE_TABLE and lookup.file is None and "pto-patch tune" in lookup.reason
-    (patched_copy / TUNING_PATH).write_text("{", encoding="utf-8")
+    path = patched_copy / TUNING_PATH
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("{", encoding="utf-8")
+    _record_tuning(patched_copy, {"path": TUNING_PATH, "sha256": sha256_file(path)})
     lookup = _find(patched_copy)
     assert lookup.source == SOURCE_TABLE and "not readable JSON" in lookup.reason
+
+
+def _said_once(lookup, why: str) -> None:
+    assert lookup.source == SOURCE_TABLE and lookup.tuning is None and lookup.read is None
+    assert lookup.reason.startswith(why) and "\n" not in lookup.reason
+    assert "run `pto-patch tune` again" in lookup.reason and "reference table" in lookup.reason
+
+
+def test_a_tuning_edited_after_tune_wrote_it_is_not_used(patched_copy: Path):
+    path = write_tuning(patched_copy, _tuning({}))
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["batches"][0]["chosen"] = {"rms_norm": "fused"}  # a hand edit that still matches this device
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    _said_once(_find(patched_copy), CHANGED_SINCE_TUNE)
+
+
+def test_a_tuning_the_manifest_does_not_record_is_not_used(patched_copy: Path):
+    write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}))
+    _record_tuning(patched_copy, None)  # e.g. tuning.json copied in from another folder
+    _said_once(_find(patched_copy), NOT_RECORDED)
+
+
+def test_a_manifest_record_pointing_outside_the_folder_is_never_followed(patched_copy: Path, tmp_path: Path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps(_tuning({"swiglu_mlp": "fused"})), encoding="utf-8")
+    write_tuning(patched_copy, _tuning({}))
+    _record_tuning(patched_copy, {"path": str(outside), "sha256": sha256_file(outside)})
+    lookup = _find(patched_copy)
+    _said_once(lookup, "the manifest's tuning record is not one tune writes")
+
+    # nor a tuning.json that is a link out of the folder, even with the sha256 of what it leads to
+    (patched_copy / TUNING_PATH).unlink()
+    (patched_copy / TUNING_PATH).symlink_to(outside)
+    _record_tuning(patched_copy, {"path": TUNING_PATH, "sha256": sha256_file(outside)})
+    _said_once(_find(patched_copy), NOT_A_PLAIN_FILE)
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+def _status(folder: Path) -> dict:
+    from pto_patch.report import json_document
+
+    return json_document(engine.model_status(model_path=folder))
+
+
+def test_status_without_a_tuning_says_null(patched_copy: Path):
+    assert _status(patched_copy)["tuning"] is None
+
+
+def test_status_shows_the_tuning_it_would_use_and_the_choice_per_batch(patched_copy: Path, capsys):
+    doc = _tuning({"swiglu_mlp": "fused"}, on=pto_kernels.tuning.device_identity()["kind"])
+    doc["batches"].append({"batch": 8, "chosen": {}, "decided": "nothing measured faster"})
+    write_tuning(patched_copy, doc)
+    tuning = _status(patched_copy)["tuning"]
+    assert sys.modules["pto_kernels"] is pto_kernels  # status borrowed the folder's copy, then put this back
+    assert str(patched_copy) not in sys.path
+    assert tuning["file"] == str(patched_copy / TUNING_PATH) and tuning["applies"] is True
+    assert tuning["reason"].startswith("tuned on this device")
+    assert tuning["made_on"]["dtype"] == "float32" and tuning["made_on"]["device"] == doc["header"]["device"]
+    assert [(entry["batch"], entry["chosen"]) for entry in tuning["batches"]] == [
+        (1, {"swiglu_mlp": "fused"}),
+        (8, {}),
+    ]
+    section = SCHEMAS.read_text(encoding="utf-8").split("\n## status\n")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| `tuning` |"))
+    assert all(f"`{key}`" in row for key in tuning)
+
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--model-path", str(patched_copy)])
+    text = capsys.readouterr().out
+    assert "batch 1" in text and "swiglu_mlp=fused" in text and "nothing on" in text and "used:" in text
+
+
+def test_status_says_why_a_tuning_is_not_used_as_verify_does(patched_copy: Path, capsys):
+    write_tuning(
+        patched_copy, _tuning({"swiglu_mlp": "fused"}, device={"kind": "cpu", "name": "Another CPU"})
+    )
+    tuning = _status(patched_copy)["tuning"]
+    verify_says = find_tuning(patched_copy, pto_kernels, None, "float32", "gutenocr_3b", tuple(OPS)).reason
+    assert tuning["applies"] is False and tuning["reason"] == verify_says and "Another CPU" in verify_says
+    assert tuning["batches"][0]["chosen"] == {"swiglu_mlp": "fused"}  # shown, though not used
+
+    path = patched_copy / TUNING_PATH
+    path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    tuning = _status(patched_copy)["tuning"]
+    assert tuning["applies"] is False and tuning["reason"].startswith(CHANGED_SINCE_TUNE)
+    assert tuning["made_on"] is None and tuning["batches"] == []  # an edited file's content is not shown
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--model-path", str(patched_copy)])
+    assert "not used" in capsys.readouterr().out
 
 
 # --- end to end -----------------------------------------------------------------------------------
@@ -318,6 +431,31 @@ def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Pat
     assert bench["runs"][0]["pto"]["ops"]["swiglu_mlp"]["backends"].get("fused", 0) > 0
 
 
+@pytest.mark.slow
+def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: Path):
+    source = tmp_path / "GutenOCR-tiny"
+    make_tiny(source)
+    before = snapshot(source)
+    out = tmp_path / "GutenOCR-tiny-pto"
+    engine.apply_patch(model_path=source, overlay=out)
+
+    # a budget of 1 s is mostly spent by the load; whatever was measured, the tuning is written and recorded
+    args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "1", *QUICK]
+    done = run_cli(args, tmp_path)
+    doc = json.loads(done.stdout)
+    assert done.returncode == EXIT_OK, doc
+    tuning = out / TUNING_PATH
+    assert doc["tuning_file"] == str(tuning) and [entry["batch"] for entry in doc["batches"]] == [1]
+    manifest = Manifest.load(out)
+    assert manifest.extra["tuning"]["sha256"] == sha256_file(tuning) and "overlay" in manifest.extra
+    assert _status(out)["tuning"]["file"] == str(tuning)
+    assert snapshot(source) == before  # the overlay's source is never written
+
+    engine.restore_model(model_path=out)
+    assert not tuning.exists() and not out.exists()  # apply created the overlay folder, restore removes it
+    assert snapshot(source) == before
+
+
 def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_path: Path):
     from pto_patch import folder_lock
 
@@ -336,3 +474,74 @@ def test_a_kernel_package_older_than_tuning_files_means_the_table(patched_copy: 
     lookup = find_tuning(patched_copy, older, "cpu", "float32", "gutenocr_3b", tuple(OPS))
     assert lookup.source == SOURCE_TABLE and "older pto-patch" in lookup.reason
     assert "pto-patch restore" in lookup.reason
+
+
+def test_status_does_not_import_the_kernels_of_a_drifted_folder(patched_copy: Path):
+    write_tuning(
+        patched_copy, _tuning({"swiglu_mlp": "fused"}, on=pto_kernels.tuning.device_identity()["kind"])
+    )
+    init = patched_copy / "pto_kernels" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8") + "\nraise RuntimeError('edited')\n", encoding="utf-8")
+    status = _status(patched_copy)
+    assert status["drifted"] == ["pto_kernels/__init__.py"]
+    assert status["tuning"]["applies"] is False and status["tuning"]["reason"].startswith("not checked")
+
+
+# --- pto_kernels.apply_tuning checks the dtype the tuning was measured in ------------------------
+
+
+def test_apply_tuning_refuses_a_tuning_measured_in_another_dtype():
+    import torch
+
+    kernels = pto_kernels
+    kernels.disable()
+    doc = _tuning({"swiglu_mlp": "fused"}, dtype="bfloat16")
+    for dtype, says in ((torch.float32, "this model is float32"), (None, "pass dtype=")):
+        with pytest.raises(kernels.TuningMismatchError) as caught:
+            kernels.apply_tuning(doc, 1, device="cpu", dtype=dtype)
+        message = str(caught.value)
+        assert "measured in bfloat16" in message and says in message and "\n" not in message
+        assert kernels.switched_on() == ()  # nothing was switched on
+    for dtype in (torch.bfloat16, "bf16", "bfloat16"):
+        assert kernels.apply_tuning(doc, 1, device="cpu", dtype=dtype).ops == {"swiglu_mlp": "fused"}
+    kernels.disable()
+
+
+def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
+    kernels = pto_kernels
+    doc = _tuning({"mrope": "fused"})
+    del doc["header"]["dtype"]  # written before tune recorded the dtype
+    assert kernels.apply_tuning(doc, 1, device="cpu").ops == {"mrope": "fused"}
+    kernels.disable()
+
+
+# --- an undecided batch is one warning line -------------------------------------------------------
+
+
+def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
+    from pto_patch import tune_selection as ts
+    from pto_patch.tune import DECIDED_OUT_OF_TIME, batch_entry, undecided_warning
+
+    now = [0.0]
+
+    def run_once(candidate):  # 1 s a run, the op 20 % faster: clear, given rounds enough
+        now[0] += 1.0
+        return 12.0 if candidate.ops else 10.0
+
+    rules = ts.Rules(warmup=1, min_rounds=5, max_rounds=15)
+    candidate = ts.Candidate.of({"swiglu_mlp": "fused"})
+    cut = ts.decide_batch(4, [candidate], run_once, rules, deadline=7.5, clock=lambda: now[0])
+    entry = batch_entry(cut)
+    assert entry["decided"] == DECIDED_OUT_OF_TIME and entry["chosen"] == {}
+    warning = undecided_warning(entry)
+    assert warning.startswith(f"batch 4: {DECIDED_OUT_OF_TIME}") and "--budget-s" in warning
+    assert "\n" not in warning
+
+    now[0] = 0.0
+    assert undecided_warning(batch_entry(ts.decide_batch(4, [candidate], run_once, rules))) is None
+
+    # the budget ran out before any op was probed: nothing was compared, so that is undecided too
+    nothing_to_try = ts.decide_batch(1, [], run_once, rules)
+    assert batch_entry(nothing_to_try)["decided"] == "nothing measured faster"
+    entry = batch_entry(nothing_to_try, ops_left_untried=True)
+    assert entry["decided"] == DECIDED_OUT_OF_TIME and undecided_warning(entry) is not None

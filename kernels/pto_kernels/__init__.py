@@ -5,7 +5,7 @@ wrapper. Each wrapper runs the backend bound at `enable` time (under "auto", per
 `stats()`, and falls back to the eager torch path if a kernel fails (PTO_KERNELS_STRICT=1 raises instead).
 
 A tuning written by `pto-patch tune` (`.pto_patch/tuning.json`) switches on what measured faster for a
-batch size: `apply_tuning(path, batch_size, device)`; one made on another device or release is refused.
+batch size: `apply_tuning(path, batch_size, device, dtype)`; one made on another device, dtype or release is refused.
 
 Importing this package needs torch only; pypto and torch_npu are imported on first use.
 """

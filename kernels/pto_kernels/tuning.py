@@ -1,12 +1,15 @@
 """Tuning files: which ops (on which backends) measured faster than the eager model, per batch size.
 
 `pto-patch tune` measures the patched model on one device and writes `.pto_patch/tuning.json` in the
-model folder. `apply_tuning(path_or_dict, batch_size)` switches on what it chose for that batch size,
-after checking that the file was made on this device with these torch / transformers / pypto releases:
-a tuning made elsewhere raises TuningMismatchError with a one-line reason and is never applied.
+model folder. `apply_tuning(path_or_dict, batch_size, device, dtype)` switches on what it chose for that
+batch size, after checking that the file was made on this device, in this dtype, with these torch /
+transformers / pypto releases: a tuning made elsewhere raises TuningMismatchError with a one-line
+reason and is never applied.
 
     import pto_kernels
-    choice = pto_kernels.apply_tuning("GutenOCR-3B/.pto_patch/tuning.json", batch_size=4, device=model.device)
+    choice = pto_kernels.apply_tuning(
+        "GutenOCR-3B/.pto_patch/tuning.json", batch_size=4, device=model.device, dtype=model.dtype
+    )
     print(choice.describe())    # e.g. "batch 4 (tuned at 4): swiglu_mlp=fused"
 """
 
@@ -27,6 +30,14 @@ FORMAT_VERSION = 1
 TUNING_FILE = ".pto_patch/tuning.json"  # relative to the model folder
 # Releases a tuning depends on; a different one (or one installed on one side only) is a mismatch.
 VERSIONED = ("torch", "transformers", "pypto", "torch_npu")
+# Other spellings of the dtype names a tuning header records (torch's: "bfloat16", "float16", "float32").
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+}
 
 
 class TuningError(ValueError):
@@ -90,6 +101,12 @@ def environment(device: Any = None) -> dict[str, Any]:
     return {"device": device_identity(device), "versions": release_versions()}
 
 
+def dtype_name(dtype: Any) -> str:
+    """torch's name of `dtype`: a torch.dtype or a name ("bf16", "bfloat16", "torch.bfloat16")."""
+    name = str(dtype).removeprefix("torch.")
+    return DTYPE_ALIASES.get(name, name)
+
+
 # --- the file -------------------------------------------------------------------------------------
 
 
@@ -136,6 +153,21 @@ class Tuning:
         if not reasons:
             return None
         return f"tuning {self.source} was made with {'; '.join(reasons)}: run `pto-patch tune` here"
+
+    def dtype_mismatch(self, dtype: Any) -> str | None:
+        """Why this tuning does not apply to a model in `dtype` (one line); None if it does, or if the
+        header records no dtype (files written before tune recorded it)."""
+        made = self.header.get("dtype")
+        if made is None:
+            return None
+        if dtype is None:
+            return f"tuning {self.source} was measured in {made}: pass dtype= (the model's, e.g. model.dtype)"
+        if dtype_name(dtype) != made:
+            return (
+                f"tuning {self.source} was measured in {made}, this model is {dtype_name(dtype)}: "
+                f"run `pto-patch tune --dtype {dtype_name(dtype)}` here"
+            )
+        return None
 
     def for_batch(self, batch_size: int) -> BatchChoice:
         """The choice tuned at `batch_size`; else at the largest tuned batch below it; else the smallest."""
@@ -200,16 +232,20 @@ def load(source: str | Path | Mapping[str, Any]) -> Tuning:
         raise TuningError(f"{where} is not a complete tuning file (bad or missing {exc})") from exc
 
 
-def apply_tuning(source: str | Path | Mapping[str, Any], batch_size: int, device: Any = None) -> BatchChoice:
-    """Switch on what `source` chose for `batch_size` on `device` (default: NPU, else CUDA, else CPU).
+def apply_tuning(
+    source: str | Path | Mapping[str, Any], batch_size: int, device: Any = None, dtype: Any = None
+) -> BatchChoice:
+    """Switch on what `source` chose for `batch_size` on `device` (default: NPU, else CUDA, else CPU)
+    for a model in `dtype` (a torch.dtype such as model.dtype, or a name such as "bf16").
 
-    Raises TuningMismatchError (one line: what differs) if the tuning was made on another device or
-    with other torch / transformers / pypto / torch_npu releases; the switches are then left as they were.
+    Raises TuningMismatchError (one line: what differs) if the tuning was made on another device, in
+    another dtype (or `dtype` is not given while the tuning records one), or with other torch /
+    transformers / pypto / torch_npu releases; the switches are then left as they were.
     """
     from . import disable, enable
 
     tuning = load(source)
-    reason = tuning.mismatch(environment(device))
+    reason = tuning.mismatch(environment(device)) or tuning.dtype_mismatch(dtype)
     if reason is not None:
         raise TuningMismatchError(reason)
     choice = tuning.for_batch(batch_size)

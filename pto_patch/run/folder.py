@@ -6,8 +6,10 @@ copy apply wrote into the folder is imported under that name, and forgotten agai
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +117,24 @@ def forget_folder_kernels(folder: Path) -> None:
         sys.path.remove(str(folder))
 
 
+@contextlib.contextmanager
+def borrowed_folder_kernels(folder: Path) -> Iterator:
+    """The folder's pto_kernels for a moment (status reads its tuning with it); afterwards the process
+    has the pto_kernels modules and sys.path it had before."""
+    saved = {name: module for name, module in sys.modules.items() if _is_kernel_module(name)}
+    try:
+        yield import_folder_kernels(folder)
+    finally:
+        _forget_kernel_modules()
+        while str(folder) in sys.path:
+            sys.path.remove(str(folder))
+        sys.modules.update(saved)
+
+
+def _is_kernel_module(name: str) -> bool:
+    return name == KERNEL_PACKAGE or name.startswith(KERNEL_PACKAGE + ".")
+
+
 def _forget_kernel_modules() -> None:
-    for name in [n for n in sys.modules if n == KERNEL_PACKAGE or n.startswith(KERNEL_PACKAGE + ".")]:
+    for name in [n for n in sys.modules if _is_kernel_module(n)]:
         del sys.modules[name]
