@@ -26,6 +26,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "kernels" / "pto_kernels" / "til
 _L1 = "cube_l1_reuse_setting"
 _NBUF = "cube_nbuffer_setting"
 _MLP_TILES = {"row_tile": 16, "cube_k": (128, 512), "cube_n": (128, 256)}
+_PREFILL_TILES = {"cube_k": (128, 512), "cube_n": (128, 256), "act_rows": 16}
 # (op, shape class, width or None) as in TILE_TABLE -> (representative shapes, candidate tilings)
 CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]]] = {
     ("rms_norm", "decode", None): (
@@ -73,7 +74,7 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
         ],
     ),
     ("swiglu_mlp", "prefill", None): (
-        [{"rows": 128}],
+        [{"rows": 128}, {"rows": 700}],
         [
             TileConfig(row_tile=32, cube_m=32),
             TileConfig(
@@ -82,6 +83,13 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(
                 row_tile=64, cube_m=64, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1, -1, 8),)
             ),
+            # a cube task reads its weight tiles for cube_m rows: more rows a task, fewer weight re-reads;
+            # the activation keeps 16-row vec tiles (64 fp32 rows x 512 overflow the UB)
+            TileConfig(**_PREFILL_TILES, row_tile=64, cube_m=64, pass_settings=((_L1, -1, 8),)),
+            TileConfig(**_PREFILL_TILES, row_tile=128, cube_m=128, pass_settings=((_L1, -1, 8),)),
+            TileConfig(**_PREFILL_TILES, row_tile=128, cube_m=128, pass_settings=((_L1, -1, 16),)),
+            TileConfig(**_PREFILL_TILES, row_tile=256, cube_m=128, pass_settings=((_L1, -1, 8),)),
+            TileConfig(row_tile=256, cube_m=256, cube_k=(64, 256), cube_n=(64, 256), act_rows=16),
         ],
     ),
 }

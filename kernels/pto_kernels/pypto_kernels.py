@@ -404,11 +404,12 @@ def _build_swiglu_mlp(tokens, hidden, inter, dtype, config, device_type):
     pypto = _pypto()
     dt, fp32 = _dtype(dtype), pypto.DT_FP32
     rows_axis = _row_axis(config, tokens)
-    tile, m = config.row_tile, config.cube_m
+    tile, m = config.row_tile, [config.cube_m, config.cube_m]
     k_tiles, n_tiles = list(config.cube_k), list(config.cube_n)
     down_k = list(config.down_cube_k or config.cube_k)
     down_n = list(config.down_cube_n or config.cube_n)
     act_cols = min(inter, config.act_cols)
+    act_rows = min(tile, config.act_rows or tile)
 
     @_jit(device_type, config)
     def swiglu_mlp_kernel(
@@ -423,14 +424,14 @@ def _build_swiglu_mlp(tokens, hidden, inter, dtype, config, device_type):
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
             xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
-            pypto.set_cube_tile_shapes([m, m], k_tiles, n_tiles)
+            pypto.set_cube_tile_shapes(m, k_tiles, n_tiles)
             gate = pypto.matmul(xt, gate_w, fp32, b_trans=True)
             up = pypto.matmul(xt, up_w, fp32, b_trans=True)
-            pypto.set_vec_tile_shapes(tile, act_cols)
+            pypto.set_vec_tile_shapes(act_rows, act_cols)
             # silu(g) = g / (1 + exp(-g)), written out: pypto.sigmoid drops a tail tile's valid shape
             silu = pypto.div(gate, pypto.add(pypto.exp(pypto.neg(gate)), 1.0))
             act = pypto.cast(pypto.mul(silu, up), dt)
-            pypto.set_cube_tile_shapes([m, m], down_k, down_n, config.down_split_k)
+            pypto.set_cube_tile_shapes(m, down_k, down_n, config.down_split_k)
             pypto.assemble(pypto.matmul(act, down_w, dt, b_trans=True), [start, 0], out)
 
     return swiglu_mlp_kernel

@@ -31,7 +31,8 @@ class TileConfig:
     down_cube_k: tuple[int, int] | None = None  # None: same as cube_k
     down_cube_n: tuple[int, int] | None = None  # None: same as cube_n
     down_split_k: bool = False  # down matmul: split K over cores, accumulating in global memory
-    act_cols: int = 512  # SwiGLU activation vec tile: (row_tile, act_cols)
+    act_cols: int = 512  # SwiGLU activation vec tile: (act_rows, act_cols)
+    act_rows: int | None = None  # None: row_tile (a 64-row fp32 activation tile overflows the UB)
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
@@ -72,10 +73,17 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("swiglu_mlp", "decode", None): TileConfig(
         row_tile=16, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
     ),
-    # 128 tokens: 731,726 cycles (compute-bound); 64/256 tiles without L1 reuse: 1,998,437; 64-row tiles
-    # with cube m 64 fail to compile
+    # 128 / 700 tokens: 309,716 / 1,355,690 cycles (1.7x / 7.7x the bandwidth floor; 700 tokens is
+    # 2.8x the cube's compute floor). A cube task reads its weight tiles once per cube_m rows, so 128-row
+    # cube tiles read the 135 MB of weights 6 times at 700 tokens where 32-row tiles (731,726 /
+    # 3,663,045) read them 22 times. L1 reuse 16: 424,673 / 1,310,528; 64-row tiles 453,675 / 2,051,484
     ("swiglu_mlp", "prefill", None): TileConfig(
-        row_tile=32, cube_m=32, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+        row_tile=128,
+        cube_m=128,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        act_rows=16,
+        pass_settings=((_L1_REUSE, -1, 8),),
     ),
 }
 
