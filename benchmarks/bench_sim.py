@@ -14,6 +14,9 @@ simulated once in its own subprocess with a time limit. Reported per shape:
 - floor: the minimum bytes the kernel must move (inputs, weights and outputs once) at the bandwidth
   the model's config implies, ddr_rate x ai_core_cnt bytes a cycle (x cube_freq: about 1.42 TB/s);
 - ratio: cycles / floor cycles (the roofline ratio; 1.0 is at the bandwidth floor);
+- roof: cycles over the higher of that floor and the compute floor, the matmuls' multiply-accumulates
+  at cube_core_cnt x (cube_m_size x cube_k_size x cube_n_size) a cycle: a prefill MLP of hundreds of
+  tokens is bound by the cube, and its bandwidth ratio alone would overstate how far it is from best;
 - longest, spread, copy-in: the longest task's cycles, the cycles between the first and the last task
   start, and the most serial copies from global memory in one task. In this model each copy waits a
   fixed ~1,400 cycles however little it moves, and tasks start about 200 cycles apart in pairs, so a
@@ -79,7 +82,17 @@ def soc_config() -> dict:
         "ai_core_cnt": int(ini["SoCInfo"]["ai_core_cnt"]),
         "vector_core_cnt": int(ini["SoCInfo"]["vector_core_cnt"]),
         "cube_freq_mhz": int(ini["AICoreSpec"]["cube_freq"]),
+        "cube_core_cnt": int(ini["SoCInfo"]["cube_core_cnt"]),
+        # one cube core's multiply-accumulates a cycle: an m x k x n block (16 x 16 x 16 for bf16)
+        "cube_macs_per_cycle": int(ini["AICoreSpec"]["cube_m_size"])
+        * int(ini["AICoreSpec"]["cube_k_size"])
+        * int(ini["AICoreSpec"]["cube_n_size"]),
     }
+
+
+def matmul_macs(op: str, params: dict) -> int:
+    """Multiply-accumulates of the kernel's matmuls (the MLP's gate, up and down projections)."""
+    return 3 * params["rows"] * TEXT * INTER if op == "swiglu_mlp" else 0
 
 
 def min_bytes(op: str, params: dict) -> int:
@@ -250,8 +263,13 @@ def with_roofline(entry: dict, soc: dict) -> dict:
         "floor_cycles": round(floor_cycles, 1),
         "floor_us": floor_cycles / soc["cube_freq_mhz"],
     }
+    macs = matmul_macs(entry["op"], entry["params"])
+    if macs and "cube_macs_per_cycle" in soc:
+        entry["compute_floor_cycles"] = round(macs / (soc["cube_macs_per_cycle"] * soc["cube_core_cnt"]), 1)
     if entry["status"] == "ok":
         entry["ratio"] = entry["cycles"] / floor_cycles
+        # against the higher of the two floors: a long prefill MLP is bound by the cube, not by bandwidth
+        entry["roofline_ratio"] = entry["cycles"] / max(floor_cycles, entry.get("compute_floor_cycles", 0))
     klass = "decode" if entry["params"]["rows"] <= 16 else "prefill"
     target = TARGETS.get((klass, entry["op"]))
     if target and entry["status"] == "ok":
@@ -279,7 +297,7 @@ def print_table(entries: list[dict], soc: dict) -> None:
         f" {soc['cube_freq_mhz']} MHz = {gbps:.0f} GB/s"
     )
     print(
-        f"{'kernel':<34} {'cycles':>9} {'us':>8} {'floor us':>9} {'ratio':>6} {'tasks':>6}"
+        f"{'kernel':<34} {'cycles':>9} {'us':>8} {'floor us':>9} {'ratio':>6} {'roof':>5} {'tasks':>6}"
         f" {'longest':>8} {'spread':>7} {'copy-in':>7} {'target':>11} {'met':>4} {'wall s':>7}"
     )
     for e in entries:
@@ -289,7 +307,7 @@ def print_table(entries: list[dict], soc: dict) -> None:
         met = "" if "target_met" not in e else ("yes" if e["target_met"] else "NO")
         print(
             f"{_label(e):<34} {e['cycles']:>9} {e['us']:>8.2f} {e['floor_us']:>9.2f} {e['ratio']:>6.2f}"
-            f" {e['tasks']:>6} {e.get('longest_task', ''):>8} {e.get('dispatch_spread', ''):>7}"
+            f" {e['roofline_ratio']:>5.2f} {e['tasks']:>6} {e.get('longest_task', ''):>8} {e.get('dispatch_spread', ''):>7}"
             f" {e.get('copy_ins_per_task', ''):>7} {e.get('target', ''):>11} {met:>4} {e['wall_s']:>7.1f}"
         )
 

@@ -10,7 +10,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_sim  # noqa: E402
 
-SOC = {"ddr_rate_bytes_per_cycle": 32, "ai_core_cnt": 24, "cube_freq_mhz": 1850}
+SOC = {
+    "ddr_rate_bytes_per_cycle": 32,
+    "ai_core_cnt": 24,
+    "cube_freq_mhz": 1850,
+    "cube_core_cnt": 24,
+    "cube_macs_per_cycle": 16 * 16 * 16,
+}
 
 
 def test_swim_span_counts_aicore_lanes_only(tmp_path):
@@ -93,3 +99,23 @@ def test_fixed_costs_name_the_longest_task_the_dispatch_spread_and_serial_copies
         json.dumps([{"blockIdx": 0, "coreType": "HUB", "tasks": [{"execStart": 1, "execEnd": 2}]}])
     )
     assert bench_sim.fixed_costs(swim, pipes) is None
+
+
+def test_a_long_prefill_mlp_is_judged_against_the_compute_floor_too():
+    bandwidth = bench_sim.min_bytes("swiglu_mlp", {"rows": 2048}) / (32 * 24)
+    compute = 3 * 2048 * 2048 * 11008 / (16 * 16 * 16 * 24)
+    assert compute > bandwidth  # 2048 tokens: the cube, not the weights, sets the floor
+    entry = bench_sim.with_roofline(
+        {"op": "swiglu_mlp", "params": {"rows": 2048}, "status": "ok", "cycles": compute * 2}, SOC
+    )
+    assert entry["roofline_ratio"] == pytest.approx(2.0) and entry["ratio"] > 2.0
+    decode_floor = bench_sim.min_bytes("swiglu_mlp", {"rows": 1}) / (32 * 24)
+    decode = bench_sim.with_roofline(
+        {"op": "swiglu_mlp", "params": {"rows": 1}, "status": "ok", "cycles": decode_floor * 1.2}, SOC
+    )
+    assert decode["ratio"] == pytest.approx(1.2) and decode["roofline_ratio"] == pytest.approx(1.2)
+    norm = bench_sim.with_roofline(
+        {"op": "rms_norm", "params": {"rows": 8, "width": 2048}, "status": "ok", "cycles": 5000, "us": 2.8},
+        SOC,
+    )
+    assert "compute_floor_cycles" not in norm and norm["roofline_ratio"] == norm["ratio"]
