@@ -39,6 +39,7 @@ WRITE_RESERVE_S = 1.0  # kept out of the measuring time for writing the file
 DECIDED_FASTER = "measured faster"
 DECIDED_NOTHING = "nothing measured faster"
 DECIDED_OUT_OF_TIME = "no gain clear of the noise within the rounds and budget"
+DECIDED_NOT_CONFIRMED = "the best gain did not hold when measured again"
 NOT_PROBED = "not tried: the budget was spent"
 
 
@@ -149,16 +150,20 @@ def batch_entry(decision: tune_selection.BatchDecision, *, ops_left_untried: boo
 
     `ops_left_untried`: the budget ran out before every op was probed, so "nothing faster" is not known.
     """
-    chosen = decision.chosen
+    chosen, confirmation = decision.chosen, decision.confirmation
     if chosen is not None:
         decided = DECIDED_FASTER
+    elif confirmation is not None:
+        unfinished = confirmation.verdict in (tune_selection.UNDECIDED, tune_selection.NOT_MEASURED)
+        decided = DECIDED_OUT_OF_TIME if unfinished else DECIDED_NOT_CONFIRMED
     elif ops_left_untried or any(
         entry.verdict in (tune_selection.UNDECIDED, tune_selection.NOT_MEASURED) for entry in decision.tried
     ):
         decided = DECIDED_OUT_OF_TIME
     else:
         decided = DECIDED_NOTHING
-    summary = chosen.summary() if chosen is not None else None
+    # the confirmation's fresh rounds, not the rounds that picked the winner: those flatter it
+    summary = confirmation.summary() if chosen is not None and confirmation is not None else None
     return {
         "batch": decision.batch,
         "chosen": decision.chosen_ops,
@@ -170,6 +175,7 @@ def batch_entry(decision: tune_selection.BatchDecision, *, ops_left_untried: boo
         "ratio_to_baseline": summary["ratio_to_baseline"] if summary else None,
         "baseline_runs": len(decision.baseline.tokens_per_s),
         "alternatives": [entry.summary() for entry in decision.tried],
+        "confirmation": confirmation.summary() if confirmation is not None else None,
         "stages": decision.stages,
     }
 

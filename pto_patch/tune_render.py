@@ -73,10 +73,13 @@ def tune_result(result, *, as_json: bool) -> None:
     for column in ("batch", "candidate", "runs", "ratio", "verdict"):
         tried.add_column(column)
     for entry in doc["batches"]:
-        for alternative in entry["alternatives"]:
+        again = [entry["confirmation"]] if entry.get("confirmation") else []
+        for alternative, label in [(a, a["label"]) for a in entry["alternatives"]] + [
+            (a, f"{a['label']} (measured again)") for a in again
+        ]:
             tried.add_row(
                 str(entry["batch"]),
-                alternative["label"],
+                label,
                 str(alternative["runs"]),
                 _ratio(alternative),
                 alternative["verdict"],

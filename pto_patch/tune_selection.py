@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 FASTER = "faster"
@@ -312,6 +312,8 @@ class BatchDecision:
     baseline: Measured
     tried: list[Measured]
     stages: int
+    # the winner measured again in fresh rounds; it is chosen only if it measures faster there too
+    confirmation: Measured | None = None
 
     @property
     def typical_run_s(self) -> float:
@@ -335,7 +337,11 @@ def decide_batch(
     expected_warm_up_s: float = 0.0,
 ) -> BatchDecision:
     """`alone` (each op on one backend, see `singles`); then, time allowing, the combinations of the ops
-    that measured faster alone."""
+    that measured faster alone; then the best of them once more, against the baseline in fresh rounds.
+
+    The confirmation guards against the winner's curse: of several candidates each compared at a 5 %
+    level, the one that looks best is also the one most likely to have been helped by noise. A winner
+    that is not measured faster again, or that the budget leaves unconfirmed, is not switched on."""
     timing = {"deadline": deadline, "clock": clock, "on_run": on_run, "warm_up": warm_up}
     first = measure(alone, run_once, rules, expected_warm_up_s=expected_warm_up_s, **timing)
     tried = [entry for candidate, entry in first.items() if not candidate.is_baseline]
@@ -345,4 +351,12 @@ def decide_batch(
         second = measure(combos, run_once, rules, expected_warm_up_s=expected_warm_up_s, **timing)
         tried += [entry for candidate, entry in second.items() if not candidate.is_baseline]
         stages = 2
-    return BatchDecision(batch, choose(tried), first[BASELINE], tried, stages)
+    chosen, confirmation = choose(tried), None
+    if chosen is not None:
+        again = measure(
+            [chosen.candidate], run_once, replace(rules, warmup=0), expected_warm_up_s=0.0, **timing
+        )
+        confirmation = again[chosen.candidate]
+        if confirmation.verdict != FASTER:
+            chosen = None
+    return BatchDecision(batch, chosen, first[BASELINE], tried, stages, confirmation)

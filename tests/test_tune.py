@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -520,7 +521,7 @@ def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
 
 def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
     from pto_patch import tune_selection as ts
-    from pto_patch.tune import DECIDED_OUT_OF_TIME, batch_entry, undecided_warning
+    from pto_patch.tune import DECIDED_NOT_CONFIRMED, DECIDED_OUT_OF_TIME, batch_entry, undecided_warning
 
     now = [0.0]
 
@@ -540,8 +541,65 @@ def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
     now[0] = 0.0
     assert undecided_warning(batch_entry(ts.decide_batch(4, [candidate], run_once, rules))) is None
 
+    # picked in its rounds, no faster when measured again: not switched on, and the file says why
+    runs = {"op": 0}
+
+    def lucky_once(candidate):
+        if not candidate.ops:
+            return 10.0
+        runs["op"] += 1
+        return 12.0 if runs["op"] <= 5 else 10.0
+
+    unconfirmed = batch_entry(ts.decide_batch(4, [candidate], lucky_once, ts.Rules(warmup=0)))
+    assert unconfirmed["decided"] == DECIDED_NOT_CONFIRMED and unconfirmed["chosen"] == {}
+    assert (
+        unconfirmed["confirmation"]["verdict"] == ts.WITHIN_NOISE and undecided_warning(unconfirmed) is None
+    )
+    confirmed = batch_entry(ts.decide_batch(4, [candidate], run_once, rules))
+    assert confirmed["confirmation"]["verdict"] == ts.FASTER
+    assert confirmed["ratio_to_baseline"] == confirmed["confirmation"]["ratio_to_baseline"]
+
     # the budget ran out before any op was probed: nothing was compared, so that is undecided too
     nothing_to_try = ts.decide_batch(1, [], run_once, rules)
     assert batch_entry(nothing_to_try)["decided"] == "nothing measured faster"
     entry = batch_entry(nothing_to_try, ops_left_untried=True)
     assert entry["decided"] == DECIDED_OUT_OF_TIME and undecided_warning(entry) is not None
+
+
+def test_the_text_report_shows_the_winner_measured_again(monkeypatch):
+    from rich.console import Console
+
+    from pto_patch import tune_render
+    from pto_patch import tune_selection as ts
+    from pto_patch.tune import batch_entry
+
+    runs = {"op": 0}
+
+    def lucky_once(candidate):
+        if not candidate.ops:
+            return 10.0
+        runs["op"] += 1
+        return 12.0 if runs["op"] <= 5 else 10.0
+
+    entry = batch_entry(
+        ts.decide_batch(4, [ts.Candidate.of({"swiglu_mlp": "fused"})], lucky_once, ts.Rules(warmup=0))
+    )
+    doc = {
+        "warnings": [],
+        "failures": [],
+        "model_path": "m",
+        "device": "cpu",
+        "device_name": "cpu",
+        "dtype": "bfloat16",
+        "duration_s": 1.0,
+        "budget_s": 2.0,
+        "probes": [],
+        "batches": [entry],
+        "tuning_file": None,
+    }
+    screen = Console(record=True, width=200)
+    monkeypatch.setattr(tune_render, "out", screen)
+    tune_render.tune_result(types.SimpleNamespace(to_json=lambda: doc), as_json=False)
+    text = screen.export_text()
+    assert "swiglu_mlp=fused (measured again)" in text and "within noise" in text
+    assert "the best gain did not hold when measured again" in text

@@ -148,6 +148,39 @@ def test_choose_takes_the_best_faster_candidate_or_nothing():
     assert ts.choose(fast).candidate == MLP
 
 
+def lucky_then_even(lucky_runs: int):
+    """A runner whose candidate is 10 % faster for its first `lucky_runs` runs, then no faster at all."""
+    runs = {"candidate": 0}
+
+    def run_once(candidate):
+        if candidate.is_baseline:
+            return 10.0
+        runs["candidate"] += 1
+        return 11.0 if runs["candidate"] <= lucky_runs else 10.0
+
+    return run_once
+
+
+def test_a_winner_that_does_not_hold_in_fresh_rounds_is_not_switched_on():
+    decision = ts.decide_batch(1, [MLP], lucky_then_even(5), ts.Rules(warmup=0))
+    assert decision.tried[0].verdict == ts.FASTER  # the rounds that picked it
+    assert decision.confirmation.verdict == ts.WITHIN_NOISE and decision.chosen is None
+    held = ts.decide_batch(1, [MLP], lucky_then_even(1000), ts.Rules(warmup=0))
+    assert held.confirmation.verdict == ts.FASTER and held.chosen_ops == {"swiglu_mlp": "fused"}
+
+
+def test_a_winner_the_budget_leaves_unconfirmed_is_not_switched_on():
+    now = [0.0]
+
+    def run_once(candidate):  # 1 s a run: 5 two-run rounds pick the op, no time is left to confirm it
+        now[0] += 1.0
+        return 10.0 if candidate.is_baseline else 11.0
+
+    decision = ts.decide_batch(1, [MLP], run_once, ts.Rules(warmup=0), deadline=11.0, clock=lambda: now[0])
+    assert decision.tried[0].verdict == ts.FASTER
+    assert decision.confirmation.verdict in (ts.UNDECIDED, ts.NOT_MEASURED) and decision.chosen is None
+
+
 def test_combinations_come_from_the_ops_that_won_alone():
     speeds = {ts.BASELINE: 10.0, RMS: 11.0, MLP: 11.0, BOTH: 12.5}
     speeds[ts.Candidate.of({"mrope": "fused"})] = 9.0
@@ -229,7 +262,7 @@ def test_the_op_made_faster_is_switched_on(monkeypatch):
     kernel = {"rms_norm": 0.06, "mrope": 0.06, "swiglu_mlp": 0.003}
     decision = _tune_with_sleeps(monkeypatch, eager, kernel)
     assert decision.chosen_ops == {"swiglu_mlp": "fused"}
-    assert decision.chosen.band.low > 1.0
+    assert decision.chosen.band.low > 1.0 and decision.confirmation.verdict == ts.FASTER
     assert pto_kernels.stats()["swiglu_mlp"]["backends"].get("fused", 0) > 0
 
 
