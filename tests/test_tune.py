@@ -38,6 +38,7 @@ from pto_patch.tuning_file import (
     write_tuning,
 )
 from tests.folder_snapshot import snapshot
+from tests.test_tune_selection import lucky_then_even
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
@@ -542,15 +543,7 @@ def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
     assert undecided_warning(batch_entry(ts.decide_batch(4, [candidate], run_once, rules))) is None
 
     # picked in its rounds, no faster when measured again: not switched on, and the file says why
-    runs = {"op": 0}
-
-    def lucky_once(candidate):
-        if not candidate.ops:
-            return 10.0
-        runs["op"] += 1
-        return 12.0 if runs["op"] <= 5 else 10.0
-
-    unconfirmed = batch_entry(ts.decide_batch(4, [candidate], lucky_once, ts.Rules(warmup=0)))
+    unconfirmed = batch_entry(ts.decide_batch(4, [candidate], lucky_then_even(5), ts.Rules(warmup=0)))
     assert unconfirmed["decided"] == DECIDED_NOT_CONFIRMED and unconfirmed["chosen"] == {}
     assert (
         unconfirmed["confirmation"]["verdict"] == ts.WITHIN_NOISE and undecided_warning(unconfirmed) is None
@@ -573,16 +566,8 @@ def test_the_text_report_shows_the_winner_measured_again(monkeypatch):
     from pto_patch import tune_selection as ts
     from pto_patch.tune import batch_entry
 
-    runs = {"op": 0}
-
-    def lucky_once(candidate):
-        if not candidate.ops:
-            return 10.0
-        runs["op"] += 1
-        return 12.0 if runs["op"] <= 5 else 10.0
-
     entry = batch_entry(
-        ts.decide_batch(4, [ts.Candidate.of({"swiglu_mlp": "fused"})], lucky_once, ts.Rules(warmup=0))
+        ts.decide_batch(4, [ts.Candidate.of({"swiglu_mlp": "fused"})], lucky_then_even(5), ts.Rules(warmup=0))
     )
     doc = {
         "warnings": [],
