@@ -150,32 +150,31 @@ def _report_number(text: str, label: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def swim_span(path: Path) -> tuple[int, int] | None:
-    """(cycles from first task start to last task end, tasks) from a `_simulate.swim.json`."""
-    lanes = json.loads(path.read_text())
-    spans = [
-        (task["execStart"], task["execEnd"])
-        for lane in lanes
+def aicore_tasks(swim: Path) -> list[dict]:
+    """The AICore tasks (cube and vector lanes) of a `_simulate.swim.json`, read once per kernel."""
+    return [
+        task
+        for lane in json.loads(swim.read_text())
         if lane.get("coreType") in ("AIC", "AIV")  # as pypto's tool: AICPU "HUB" tasks are not AICore time
         for task in lane.get("tasks", [])
         if task.get("execEnd", 0) >= task.get("execStart", 0)
     ]
-    if not spans:
+
+
+def swim_span(tasks: list[dict]) -> tuple[int, int] | None:
+    """(cycles from first task start to last task end, tasks)."""
+    if not tasks:
         return None
-    return max(end for _, end in spans) - min(start for start, _ in spans), len(spans)
+    return max(t["execEnd"] for t in tasks) - min(t["execStart"] for t in tasks), len(tasks)
 
 
-def fixed_costs(swim: Path, pipes: Path) -> dict | None:
+def fixed_costs(tasks: list[dict], pipes: Path) -> dict | None:
     """Where a small kernel's time goes: its longest task, how far apart the first and last task start
     (the runtime hands tasks to cores a few at a time), and per task the serial copies from global
     memory (`COPY_IN` on one MTE_IN pipe, each with a fixed latency however few bytes it moves)."""
     import re
     import statistics
 
-    lanes = [lane for lane in json.loads(swim.read_text()) if lane.get("coreType") in ("AIC", "AIV")]
-    tasks = [
-        t for lane in lanes for t in lane.get("tasks", []) if t.get("execEnd", 0) >= t.get("execStart", 0)
-    ]
     if not tasks:
         return None
     copies: dict[tuple, int] = {}
@@ -234,7 +233,8 @@ def run_sim(op: str, params: dict, timeout_s: int, config: dict | None = None) -
             }
         out_dirs = sorted(Path(tmp).glob("*/CostModelSimulationOutput"))
         swim = out_dirs[-1] / "_simulate.swim.json" if out_dirs else None
-        span = swim_span(swim) if swim and swim.exists() else None
+        tasks = aicore_tasks(swim) if swim and swim.exists() else []
+        span = swim_span(tasks)
         if span is None:
             return entry | {
                 "status": "not available",
@@ -242,7 +242,7 @@ def run_sim(op: str, params: dict, timeout_s: int, config: dict | None = None) -
             }
         report = out_dirs[-1] / "_simulate.stat.report.txt"
         report_text = report.read_text() if report.exists() else ""
-        entry |= fixed_costs(swim, out_dirs[-1] / "_simulate.pipe.swim.json") or {}
+        entry |= fixed_costs(tasks, out_dirs[-1] / "_simulate.pipe.swim.json") or {}
         entry |= {
             "status": "ok",
             "cycles": span[0],

@@ -264,6 +264,30 @@ def unified_diff(planned: list[PlannedFile]) -> str:
 # --- writing and undoing ---------------------------------------------------------------------------
 
 
+def manifest_in_progress(
+    spec: ModelSpec,
+    ops: tuple[str, ...],
+    info: dict,
+    files: tuple[FileRecord, ...],
+    added_dirs: tuple[str, ...],
+    extra: dict | None = None,
+) -> Manifest:
+    """The manifest an apply (in place or overlay) saves before it writes a patched byte: this tool's
+    version, the modeling source `plan_patch` found (its `info`), state in progress."""
+    return Manifest(
+        tool_version=__version__,
+        spec=spec.name,
+        ops=ops,
+        transformers_release=info["release"],
+        source=info["source"],
+        source_sha256=info["source_sha256"],
+        files=files,
+        added_dirs=added_dirs,
+        state=STATE_IN_PROGRESS,
+        extra=extra or {},
+    )
+
+
 def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: list[PlannedFile], info: dict):
     records = []
     for item in planned:
@@ -283,17 +307,7 @@ def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: l
             )
         )
     added_dirs = () if (folder / KERNEL_PACKAGE).exists() else (KERNEL_PACKAGE,)
-    manifest = Manifest(
-        tool_version=__version__,
-        spec=spec.name,
-        ops=ops,
-        transformers_release=info["release"],
-        source=info["source"],
-        source_sha256=info["source_sha256"],
-        files=tuple(records),
-        added_dirs=added_dirs,
-        state=STATE_IN_PROGRESS,
-    )
+    manifest = manifest_in_progress(spec, ops, info, tuple(records), added_dirs)
     make_dirs(folder / MANIFEST_DIR)
     manifest.save(folder)
     for item in planned:

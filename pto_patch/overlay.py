@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pto_patch import __version__, folder_lock
+from pto_patch import folder_lock
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.fileio import (
     atomic_symlink,
@@ -41,7 +41,6 @@ from pto_patch.fileio import (
 from pto_patch.manifest import (
     MANIFEST_DIR,
     STATE_COMPLETE,
-    STATE_IN_PROGRESS,
     FileRecord,
     Manifest,
     drifted_files,
@@ -388,7 +387,7 @@ def _remove_if_empty(out: Path, record: OverlayRecord) -> None:
 
 
 def _write_overlay(out: Path, spec: ModelSpec, ops, planned, info: dict, record: OverlayRecord) -> None:
-    from pto_patch.engine import KERNEL_PACKAGE
+    from pto_patch.engine import KERNEL_PACKAGE, manifest_in_progress
 
     records = tuple(
         FileRecord(
@@ -399,17 +398,8 @@ def _write_overlay(out: Path, spec: ModelSpec, ops, planned, info: dict, record:
         )
         for item in planned
     )
-    manifest = Manifest(
-        tool_version=__version__,
-        spec=spec.name,
-        ops=ops,
-        transformers_release=info["release"],
-        source=info["source"],
-        source_sha256=info["source_sha256"],
-        files=records,
-        added_dirs=(KERNEL_PACKAGE,),
-        state=STATE_IN_PROGRESS,
-        extra={OVERLAY_KEY: record.to_json()},
+    manifest = manifest_in_progress(
+        spec, ops, info, records, (KERNEL_PACKAGE,), extra={OVERLAY_KEY: record.to_json()}
     )
     make_dirs(out / MANIFEST_DIR)
     manifest.save(out)

@@ -28,9 +28,9 @@ def test_swim_span_counts_aicore_lanes_only(tmp_path):
     ]
     path = tmp_path / "_simulate.swim.json"
     path.write_text(json.dumps(lanes))
-    assert bench_sim.swim_span(path) == (5000, 2)
+    assert bench_sim.swim_span(bench_sim.aicore_tasks(path)) == (5000, 2)
     path.write_text(json.dumps(lanes[:1]))
-    assert bench_sim.swim_span(path) is None
+    assert bench_sim.swim_span(bench_sim.aicore_tasks(path)) is None
 
 
 def test_roofline_ratio_and_targets():
@@ -86,7 +86,7 @@ def test_fixed_costs_name_the_longest_task_the_dispatch_spread_and_serial_copies
         )
     )
     pipes.write_text(json.dumps([_pipe_lane(24, 0, 2), _pipe_lane(25, 1, 3, latency=1500)]))
-    costs = bench_sim.fixed_costs(swim, pipes)
+    costs = bench_sim.fixed_costs(bench_sim.aicore_tasks(swim), pipes)
     assert costs == {
         "longest_task": 4500,
         "dispatch_spread": 200,
@@ -94,11 +94,11 @@ def test_fixed_costs_name_the_longest_task_the_dispatch_spread_and_serial_copies
         "copy_in_cycles_median": 1500,
     }
     pipes.unlink()  # an older pypto without the pipe lanes: the task figures alone
-    assert bench_sim.fixed_costs(swim, pipes)["copy_ins_per_task"] == 0
+    assert bench_sim.fixed_costs(bench_sim.aicore_tasks(swim), pipes)["copy_ins_per_task"] == 0
     swim.write_text(
         json.dumps([{"blockIdx": 0, "coreType": "HUB", "tasks": [{"execStart": 1, "execEnd": 2}]}])
     )
-    assert bench_sim.fixed_costs(swim, pipes) is None
+    assert bench_sim.fixed_costs(bench_sim.aicore_tasks(swim), pipes) is None
 
 
 def test_a_long_prefill_mlp_is_judged_against_the_compute_floor_too():

@@ -50,32 +50,23 @@ def picture(root: Path) -> dict:
     return {"entries": snapshot(root), "mtimes": times}
 
 
+def _chmod_tree(root: Path, file_mode: int, dir_mode: int) -> None:
+    """Every file and folder under root (links left alone), root first so a locked tree opens up."""
+    root.chmod(dir_mode)
+    for directory, dirs, files in os.walk(root):
+        for name, mode in [(d, dir_mode) for d in dirs] + [(f, file_mode) for f in files]:
+            path = Path(directory) / name
+            if not path.is_symlink():
+                path.chmod(mode)
+
+
 def make_read_only(root: Path) -> None:
-    for directory, dirs, files in os.walk(root, topdown=False):
-        for name in files:
-            path = Path(directory) / name
-            if not path.is_symlink():
-                path.chmod(0o444)
-        for name in dirs:
-            path = Path(directory) / name
-            if not path.is_symlink():
-                path.chmod(0o555)
-    root.chmod(0o555)
+    _chmod_tree(root, 0o444, 0o555)
 
 
 def make_writable(root: Path) -> None:
-    if not root.exists():
-        return
-    root.chmod(0o755)
-    for directory, dirs, files in os.walk(root):
-        for name in dirs:
-            path = Path(directory) / name
-            if not path.is_symlink():
-                path.chmod(0o755)
-        for name in files:
-            path = Path(directory) / name
-            if not path.is_symlink():
-                path.chmod(0o644)
+    if root.exists():
+        _chmod_tree(root, 0o644, 0o755)
 
 
 @pytest.fixture(scope="module")

@@ -257,7 +257,7 @@ def test_no_or_a_damaged_tuning_is_the_table(patched_copy: Path):
     assert lookup.source == SOURCE_TABLE and "not readable JSON" in lookup.reason
 
 
-def _said_once(lookup, why: str) -> None:
+def _assert_refused_in_one_line(lookup, why: str) -> None:
     assert lookup.source == SOURCE_TABLE and lookup.tuning is None and lookup.read is None
     assert lookup.reason.startswith(why) and "\n" not in lookup.reason
     assert "run `pto-patch tune` again" in lookup.reason and "reference table" in lookup.reason
@@ -268,13 +268,13 @@ def test_a_tuning_edited_after_tune_wrote_it_is_not_used(patched_copy: Path):
     doc = json.loads(path.read_text(encoding="utf-8"))
     doc["batches"][0]["chosen"] = {"rms_norm": "fused"}  # a hand edit that still matches this device
     path.write_text(json.dumps(doc), encoding="utf-8")
-    _said_once(_find(patched_copy), CHANGED_SINCE_TUNE)
+    _assert_refused_in_one_line(_find(patched_copy), CHANGED_SINCE_TUNE)
 
 
 def test_a_tuning_the_manifest_does_not_record_is_not_used(patched_copy: Path):
     write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}))
     _record_tuning(patched_copy, None)  # e.g. tuning.json copied in from another folder
-    _said_once(_find(patched_copy), NOT_RECORDED)
+    _assert_refused_in_one_line(_find(patched_copy), NOT_RECORDED)
 
 
 def test_a_manifest_record_pointing_outside_the_folder_is_never_followed(patched_copy: Path, tmp_path: Path):
@@ -283,13 +283,13 @@ def test_a_manifest_record_pointing_outside_the_folder_is_never_followed(patched
     write_tuning(patched_copy, _tuning({}))
     _record_tuning(patched_copy, {"path": str(outside), "sha256": sha256_file(outside)})
     lookup = _find(patched_copy)
-    _said_once(lookup, "the manifest's tuning record is not one tune writes")
+    _assert_refused_in_one_line(lookup, "the manifest's tuning record is not one tune writes")
 
     # nor a tuning.json that is a link out of the folder, even with the sha256 of what it leads to
     (patched_copy / TUNING_PATH).unlink()
     (patched_copy / TUNING_PATH).symlink_to(outside)
     _record_tuning(patched_copy, {"path": TUNING_PATH, "sha256": sha256_file(outside)})
-    _said_once(_find(patched_copy), NOT_A_PLAIN_FILE)
+    _assert_refused_in_one_line(_find(patched_copy), NOT_A_PLAIN_FILE)
 
 
 # --- status ---------------------------------------------------------------------------------------
