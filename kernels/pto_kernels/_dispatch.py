@@ -19,7 +19,13 @@ _log = logging.getLogger("pto_kernels")
 # backend name -> module (relative to this package) holding one function per kernel entry
 _BACKEND_MODULES = {"torch": "reference", "fused": "fused", "npu": "npu", "pypto": "pypto_kernels"}
 # kernel entry -> the op it is counted under
-_ENTRY_OP = {"rms_norm": "rms_norm", "mrope": "mrope", "mrope_mixed": "mrope", "swiglu_mlp": "swiglu_mlp"}
+_ENTRY_OP = {
+    "rms_norm": "rms_norm",
+    "mrope": "mrope",
+    "mrope_mixed": "mrope",
+    "swiglu_mlp": "swiglu_mlp",
+    "swiglu_mlp_weights": "swiglu_mlp",
+}
 
 
 class KernelFailedError(RuntimeError):
@@ -41,12 +47,18 @@ class OpStats:
     counts: dict[str, _Count] = field(default_factory=dict)
     fallbacks: int = 0
     first_fallback_error: str | None = None
+    captured: int = 0  # calls made while a device graph was captured: replays run them without Python
+    replays: int = 0  # calls of a `count_replays` callable that replayed this op's captured kernels
+
+    def calls(self) -> int:
+        return sum(count.calls for count in self.counts.values())
 
     def count(self, backend: str) -> _Count:
         return self.counts.setdefault(backend, _Count())
 
     def clear(self) -> None:
         self.backend, self.fallbacks, self.first_fallback_error = None, 0, None
+        self.captured = self.replays = 0
         for count in self.counts.values():  # in place: bound routes hold these objects
             count.calls = 0
 
@@ -58,10 +70,15 @@ class OpStats:
             "backends": backends,
             "fallbacks": self.fallbacks,
             "first_fallback_error": self.first_fallback_error,
+            "captured": self.captured,
+            "replays": self.replays,
         }
 
 
 _STATS: dict[str, OpStats] = {op: OpStats() for op in OPS}
+# kernel entry -> the route bound at enable(): what the wrappers call in eager mode and the custom ops'
+# bodies call under torch.compile (see ops.py)
+ROUTES: dict[str, Callable] = {}
 _modules: dict[str, ModuleType] = {}
 _pypto_importable: bool | None = None
 
@@ -113,7 +130,7 @@ def _module(backend: str) -> ModuleType:
 
 
 # kernel entry -> the position of the tensor whose device decides the route under "auto"
-_DEVICE_ARG = {"rms_norm": 0, "mrope": 0, "mrope_mixed": 0, "swiglu_mlp": 1}
+_DEVICE_ARG = {"rms_norm": 0, "mrope": 0, "mrope_mixed": 0, "swiglu_mlp": 1, "swiglu_mlp_weights": 0}
 
 
 def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Callable:
@@ -187,6 +204,40 @@ def bind(entry: str, requested: str) -> Callable:
         return route(*args)
 
     return _runner(entry, resolve("auto", "cpu"), elsewhere)
+
+
+def capturing(device_type: str) -> bool:
+    """True while the current stream of `device_type` is being captured into a device graph (CUDA graph,
+    the NPU's ACL graph): kernels launched now are replayed later without running any Python."""
+    import torch
+
+    if device_type == "cpu":
+        return False
+    if device_type == "cuda":
+        return torch.cuda.is_current_stream_capturing()
+    probe = getattr(getattr(torch, device_type, None), "is_current_stream_capturing", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def note_capture(entry: str) -> None:
+    _STATS[_ENTRY_OP[entry]].captured += 1
+
+
+def count_replays(fn: Callable) -> Callable:
+    """Wrap a compiled callable whose device graphs may replay without Python: after each call, every op
+    that was captured and whose calls did not move is counted as replayed (stats: "replays")."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        before = {op: s.calls() for op, s in _STATS.items() if s.captured}
+        out = fn(*args, **kwargs)
+        for op, calls in before.items():
+            if _STATS[op].calls() == calls:
+                _STATS[op].replays += 1
+        return out
+
+    return run
 
 
 _NO_KERNELS = {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0}

@@ -109,16 +109,26 @@ def mrope_mixed(q, k, cos, sin, unsqueeze_dim: int = 1):
     return _rotary(q, k, cos, sin, None, unsqueeze_dim)
 
 
+def swiglu_mlp_weights(hidden_states, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias):
+    """A SiLU MLP from its weights: the activation and the product in place, the weights as stored."""
+    if torch.is_grad_enabled() and hidden_states.requires_grad:  # in-place activation would break backward
+        return reference.swiglu_mlp_weights(
+            hidden_states, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias
+        )
+    g = F.silu(F.linear(hidden_states, gate_weight, gate_bias), inplace=True)
+    g.mul_(F.linear(hidden_states, up_weight, up_bias))
+    return F.linear(g, down_weight, down_bias)
+
+
 def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     gate, up, down = mlp_module.gate_proj, mlp_module.up_proj, mlp_module.down_proj
     act = mlp_module.act_fn
     if torch.is_grad_enabled() and hidden_states.requires_grad:
         return reference.swiglu_mlp(mlp_module, hidden_states)  # in-place activation would break backward
-    # The weights are used as stored (nn.Linear layout): never copied or transposed per call.
-    g = F.linear(hidden_states, gate.weight, gate.bias)
-    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
-        g = F.silu(g, inplace=True)
-    else:
-        g = act(g)
+    if reference.is_silu(act):  # the weights are used as stored (nn.Linear layout): never copied per call
+        return swiglu_mlp_weights(
+            hidden_states, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
+        )
+    g = act(F.linear(hidden_states, gate.weight, gate.bias))
     g.mul_(F.linear(hidden_states, up.weight, up.bias))
     return F.linear(g, down.weight, down.bias)

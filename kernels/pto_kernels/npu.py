@@ -41,14 +41,18 @@ def mrope_mixed(q, k, cos, sin, unsqueeze_dim: int = 1):
     return _rotary(q, k, cos.unsqueeze(unsqueeze_dim).to(q.dtype), sin.unsqueeze(unsqueeze_dim).to(q.dtype))
 
 
-def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    gate, up, down = mlp_module.gate_proj, mlp_module.up_proj, mlp_module.down_proj
-    if not (
-        isinstance(mlp_module.act_fn, torch.nn.SiLU) or type(mlp_module.act_fn).__name__ == "SiLUActivation"
-    ):
-        return fused.swiglu_mlp(mlp_module, hidden_states)
+def swiglu_mlp_weights(hidden_states, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias):
     # npu_swiglu is the activation only: silu(first half) * second half of the last dim.
     gate_up = torch.cat(
-        (F.linear(hidden_states, gate.weight, gate.bias), F.linear(hidden_states, up.weight, up.bias)), dim=-1
+        (F.linear(hidden_states, gate_weight, gate_bias), F.linear(hidden_states, up_weight, up_bias)), dim=-1
     )
-    return F.linear(_torch_npu().npu_swiglu(gate_up, dim=-1), down.weight, down.bias)
+    return F.linear(_torch_npu().npu_swiglu(gate_up, dim=-1), down_weight, down_bias)
+
+
+def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    gate, up, down = mlp_module.gate_proj, mlp_module.up_proj, mlp_module.down_proj
+    if not fused.reference.is_silu(mlp_module.act_fn):
+        return fused.swiglu_mlp(mlp_module, hidden_states)
+    return swiglu_mlp_weights(
+        hidden_states, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
+    )

@@ -466,15 +466,9 @@ class _WeightLayouts:
 WEIGHT_LAYOUTS = _WeightLayouts()
 
 
-def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    act = mlp_module.act_fn
-    if not (isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"):
-        raise ValueError(f"pypto SwiGLU kernel computes SiLU, the module's act_fn is {type(act).__name__}")
-    if any(getattr(mlp_module, p).bias is not None for p in ("gate_proj", "up_proj", "down_proj")):
-        raise ValueError("pypto SwiGLU kernel takes bias-free projections")
+def _run_swiglu_mlp(hidden_states: torch.Tensor, gate_w, up_w, down_w) -> torch.Tensor:
     shape, hidden = hidden_states.shape, hidden_states.shape[-1]
     x = hidden_states.reshape(-1, hidden).contiguous()
-    gate_w, up_w, down_w = WEIGHT_LAYOUTS.get(mlp_module, x.dtype)
     tokens, inter = x.shape[0], gate_w.shape[0]
     device_type = x.device.type
     _, config = tile_config("swiglu_mlp", tokens, hidden)
@@ -484,3 +478,21 @@ def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     with _quiet_stdout(device_type):
         kernel(x, gate_w, up_w, down_w, out)
     return out.reshape(shape)
+
+
+def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    act = mlp_module.act_fn
+    if not fused.reference.is_silu(act):
+        raise ValueError(f"pypto SwiGLU kernel computes SiLU, the module's act_fn is {type(act).__name__}")
+    if any(getattr(mlp_module, p).bias is not None for p in ("gate_proj", "up_proj", "down_proj")):
+        raise ValueError("pypto SwiGLU kernel takes bias-free projections")
+    return _run_swiglu_mlp(hidden_states, *WEIGHT_LAYOUTS.get(mlp_module, hidden_states.dtype))
+
+
+def swiglu_mlp_weights(hidden_states, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias):
+    """The pto_kernels::swiglu_mlp op's body: the weights arrive as tensors, so there is no module to
+    key a layout cache on; in nn.Linear layout and the input's dtype (the usual case) nothing is copied."""
+    if any(bias is not None for bias in (gate_bias, up_bias, down_bias)):
+        raise ValueError("pypto SwiGLU kernel takes bias-free projections")
+    weights = (w.detach().to(hidden_states.dtype).contiguous() for w in (gate_weight, up_weight, down_weight))
+    return _run_swiglu_mlp(hidden_states, *weights)

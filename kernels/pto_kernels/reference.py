@@ -6,6 +6,7 @@ Every other backend is checked against these (and the golden tests check these a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -61,7 +62,26 @@ def mrope_mixed(
     return apply_rotary(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
 
 
+def is_silu(act) -> bool:
+    """True for the SiLU activation module of torch or of older transformers releases."""
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
 def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     return mlp_module.down_proj(
         mlp_module.act_fn(mlp_module.gate_proj(hidden_states)) * mlp_module.up_proj(hidden_states)
     )
+
+
+def swiglu_mlp_weights(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor | None,
+    up_weight: torch.Tensor,
+    up_bias: torch.Tensor | None,
+    down_weight: torch.Tensor,
+    down_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """swiglu_mlp of a SiLU MLP given its weights (the form the pto_kernels::swiglu_mlp op takes)."""
+    gate = F.silu(F.linear(hidden_states, gate_weight, gate_bias))
+    return F.linear(gate * F.linear(hidden_states, up_weight, up_bias), down_weight, down_bias)

@@ -118,6 +118,8 @@ def test_failing_kernel_falls_back_counted_and_logged_once(monkeypatch, caplog):
         "backends": {},
         "fallbacks": 0,
         "first_fallback_error": None,
+        "captured": 0,
+        "replays": 0,
         "pypto_kernels": {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0},
     }
 

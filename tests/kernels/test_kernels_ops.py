@@ -1,0 +1,199 @@
+"""The kernel entries as torch custom ops: registered once, correct fakes, counted, traced whole."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pto_kernels
+import pytest
+import torch
+from pto_kernels import _dispatch, ops, reference
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _inputs():
+    """Per op: arguments shaped as a decoder layer hands them over (q and k transposed views)."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 4, 32).transpose(1, 2)  # [b, heads, s, d], not contiguous
+    k = torch.randn(2, 8, 2, 32).transpose(1, 2)
+    return {
+        "rms_norm": (torch.randn(2, 8, 64), torch.randn(64), 1e-6),
+        "mrope": (q, k, torch.randn(3, 2, 8, 32), torch.randn(3, 2, 8, 32), [4, 6, 6], 1),
+        "mrope_mixed": (q, k, torch.randn(2, 8, 32), torch.randn(2, 8, 32), 1),
+        "swiglu_mlp": (
+            torch.randn(2, 8, 64),
+            torch.randn(96, 64),
+            None,
+            torch.randn(96, 64),
+            None,
+            torch.randn(64, 96),
+            None,
+        ),
+    }
+
+
+REFERENCE = {
+    "rms_norm": reference.rms_norm,
+    "mrope": reference.mrope,
+    "mrope_mixed": reference.mrope_mixed,
+    "swiglu_mlp": reference.swiglu_mlp_weights,
+}
+
+
+def test_every_entry_is_a_registered_custom_op():
+    assert set(ops.NAMES) == {"rms_norm", "mrope", "mrope_mixed", "swiglu_mlp"}
+    for name in ops.NAMES:
+        assert ops.registered(name)
+    assert not ops.registered("no_such_op")
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+@pytest.mark.parametrize("name", ["rms_norm", "mrope", "mrope_mixed", "swiglu_mlp"])
+def test_op_passes_torch_opcheck_and_matches_the_reference(backend, name):
+    """opcheck compares the fake's shapes, dtypes and strides with the body's, and the schema with what
+    the body does (no mutation, no aliasing): what a compiled graph relies on."""
+    pto_kernels.enable(backend=backend)
+    args = _inputs()[name]
+    op = getattr(torch.ops.pto_kernels, name).default
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    out = op(*args)
+    torch.testing.assert_close(out, REFERENCE[name](*args))
+
+
+def test_a_fake_with_other_strides_than_the_body_fails_opcheck(monkeypatch):
+    """The check above can fail: a body handing back q's transposed layout while the fake says contiguous."""
+    pto_kernels.enable(backend="torch")
+    monkeypatch.setattr(ops, "_run", lambda entry, args: _dispatch.ROUTES[entry](*args))  # body only
+    with pytest.raises(Exception, match="[Ss]tride"):
+        torch.library.opcheck(torch.ops.pto_kernels.mrope_mixed.default, _inputs()["mrope_mixed"])
+
+
+def test_op_calls_run_the_bound_backend_and_are_counted():
+    pto_kernels.enable(backend="fused")
+    args = _inputs()
+    torch.ops.pto_kernels.rms_norm(*args["rms_norm"])
+    torch.ops.pto_kernels.swiglu_mlp(*args["swiglu_mlp"])
+    torch.ops.pto_kernels.mrope_mixed(*args["mrope_mixed"])
+    torch.ops.pto_kernels.mrope(*args["mrope"])
+    stats = pto_kernels.stats()
+    assert stats["rms_norm"]["backends"] == {"fused": 1}
+    assert stats["swiglu_mlp"]["backends"] == {"fused": 1}
+    assert stats["mrope"]["backends"] == {"fused": 2}
+    pto_kernels.enable(backend="torch")  # chosen at enable(), read by the op's body when it runs
+    torch.ops.pto_kernels.rms_norm(*args["rms_norm"])
+    assert pto_kernels.stats()["rms_norm"]["backends"] == {"fused": 1, "torch": 1}
+
+
+def test_a_second_copy_of_the_package_reuses_the_ops_and_its_own_routes(monkeypatch):
+    """Model folders each carry pto_kernels; the ops are registered once per process and run the routes of
+    the package the modeling code's guards find in sys.modules."""
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "pto_kernels"}
+    for name in saved:
+        monkeypatch.delitem(sys.modules, name)
+    second = importlib.import_module("pto_kernels")
+    try:
+        assert second is not pto_kernels
+        second.enable(backend="torch")
+        second.reset_stats()
+        torch.ops.pto_kernels.rms_norm(*_inputs()["rms_norm"])
+        assert second.stats()["rms_norm"]["calls"] == 1
+        assert pto_kernels.stats()["rms_norm"]["calls"] == 0
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "pto_kernels"]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _decoder_like(x, w, q, k, cos, sin, mlp):
+    """What a patched decoder layer calls, through the wrappers."""
+    h = pto_kernels.rms_norm_wrapper(x, w, 1e-6)
+    q, k = pto_kernels.mrope_pto_correct(q, k, cos, sin, [4, 6, 6], 1)
+    return pto_kernels.swiglu_mlp_wrapper(mlp, h), q, k
+
+
+def _mlp():
+    torch.manual_seed(1)
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 96, bias=False)
+    mlp.down_proj, mlp.act_fn = torch.nn.Linear(96, 64, bias=False), torch.nn.SiLU()
+    return mlp
+
+
+def _explain(fn, *args):
+    torch._dynamo.reset()
+    return torch._dynamo.explain(fn)(*args)
+
+
+@pytest.mark.parametrize("backend", ["fused", "torch"])
+def test_wrappers_trace_as_one_graph_with_the_ops_in_it(backend):
+    pto_kernels.enable(backend=backend)
+    args = _inputs()
+    x, w, _ = args["rms_norm"]
+    q, k, cos, sin, _, _ = args["mrope"]
+    with torch.no_grad():
+        explained = _explain(_decoder_like, x, w, q, k, cos, sin, _mlp())
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    targets = {str(node.target) for graph in explained.graphs for node in graph.graph.nodes}
+    assert {
+        "pto_kernels.rms_norm.default",
+        "pto_kernels.mrope.default",
+        "pto_kernels.swiglu_mlp.default",
+    } <= (targets)
+
+
+def test_per_call_python_state_in_the_traced_path_breaks_the_graph(monkeypatch):
+    """The failing case: a wrapper that runs its route under the tracer (as before the custom ops) reads
+    per-call Python state (the fused MRoPE's table cache) and breaks the graph."""
+    pto_kernels.enable(backend="fused")
+    monkeypatch.setattr(pto_kernels, "_tracing", lambda: False)
+    args = _inputs()
+    x, w, _ = args["rms_norm"]
+    q, k, cos, sin, _, _ = args["mrope"]
+    with torch.no_grad():
+        explained = _explain(_decoder_like, x, w, q, k, cos, sin, _mlp())
+    assert explained.graph_break_count > 0
+
+
+def test_compiled_calls_are_counted_and_match_eager():
+    pto_kernels.enable(backend="fused")
+    args = _inputs()
+    x, w, _ = args["rms_norm"]
+    q, k, cos, sin, _, _ = args["mrope"]
+    mlp = _mlp()
+    with torch.no_grad():
+        eager = _decoder_like(x, w, q, k, cos, sin, mlp)
+        torch._dynamo.reset()
+        compiled = torch.compile(_decoder_like, backend="aot_eager", fullgraph=True)
+        pto_kernels.reset_stats()
+        for _ in range(3):
+            out = compiled(x, w, q, k, cos, sin, mlp)
+    for a, b in zip(out, eager, strict=True):
+        torch.testing.assert_close(a, b)
+    calls = {op: s["calls"] for op, s in pto_kernels.stats().items()}
+    assert calls == {"rms_norm": 3, "mrope": 3, "swiglu_mlp": 3}
+
+
+def test_replays_of_a_captured_graph_are_counted_not_lost(monkeypatch):
+    """A device graph replays its kernels without Python: calls made during a capture are marked, and a
+    count_replays callable counts the replays. The capture probe is a stand-in here (no CUDA/NPU)."""
+    pto_kernels.enable(backend="torch")
+    args = _inputs()["rms_norm"]
+    capturing = {"on": True}
+    monkeypatch.setattr(_dispatch, "capturing", lambda device_type: capturing["on"])
+
+    def forward(replay: bool):
+        if not replay:  # capture (or warm-up): the op's body runs
+            return torch.ops.pto_kernels.rms_norm(*args)
+        return None  # a replay: the device reruns the captured kernels, no Python runs
+
+    counted = pto_kernels.count_replays(forward)
+    counted(False)
+    capturing["on"] = False
+    for _ in range(4):
+        counted(True)
+    counted(False)  # an eager call again: the op ran, so this call is no replay
+    stats = pto_kernels.stats()["rms_norm"]
+    assert stats["captured"] == 1 and stats["replays"] == 4 and stats["calls"] == 2
+    assert pto_kernels.stats()["mrope"]["replays"] == 0  # never captured: never counted as replayed
