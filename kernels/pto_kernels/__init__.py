@@ -60,14 +60,6 @@ SWITCHES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_ml
 _backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
 
 
-# kernel entry -> the op whose backend it runs on
-_ENTRY_BACKEND = {
-    "rms_norm": "rms_norm",
-    "mrope": "mrope",
-    "mrope_mixed": "mrope",
-    "swiglu_mlp": "swiglu_mlp",
-    "swiglu_mlp_weights": "swiglu_mlp",
-}
 # True while torch.compile or torch.export traces: the tracer reads it as a constant
 _tracing = torch.compiler.is_compiling
 
@@ -75,7 +67,7 @@ _tracing = torch.compiler.is_compiling
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
     global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp
-    routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _ENTRY_BACKEND.items()}
+    routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
     _swiglu_mlp = routes["swiglu_mlp"]
