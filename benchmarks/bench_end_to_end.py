@@ -6,6 +6,10 @@ hidden 2048, intermediate 11008, 16 / 2 heads, head_dim 128), applies the patch,
 machine state. Prints the PTO / baseline ratio of tokens per second per batch size; asserts nothing.
 
     python benchmarks/bench_end_to_end.py --layers 2 --backend fused --batches 1,4,8
+    python benchmarks/bench_end_to_end.py --layers 4 --compile inductor   # both modes compiled
+
+With --compile BACKEND, the model is compiled once (torch.compile, dynamic shapes) and both modes run
+compiled; the compiler's graphs, breaks and recompiles per mode are printed beside the ratios.
 
 With --tune, `pto-patch tune` runs first (within --tune-budget seconds) and every bench run uses its
 choice (`--use_dynamic_config`); --repeats runs bench that many times and prints each run's ratio,
@@ -41,6 +45,7 @@ def main() -> None:
     parser.add_argument("--tune-output-length", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1, help="bench runs, each alternating both modes")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--compile", metavar="BACKEND", help="torch.compile both modes with this backend")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="pto-bench-e2e-"))
@@ -66,6 +71,8 @@ def main() -> None:
                     budget_s=args.tune_budget,
                     dtype=args.dtype,
                     kernel_backend=None if args.backend == "auto" else args.backend,
+                    use_compile=args.compile is not None,
+                    compile_backend=args.compile or "inductor",
                 )
             ).to_json()
             record["tune"] = tuned
@@ -89,6 +96,8 @@ def main() -> None:
                     dtype=args.dtype,
                     use_dynamic_config=args.tune,
                     output_dir=work / "results",
+                    use_compile=args.compile is not None,
+                    compile_backend=args.compile or "inductor",
                 )
             )
             doc = result.to_json()
@@ -108,6 +117,13 @@ def main() -> None:
                     f" {ratio:>17.3f}"
                 )
             print(json.dumps(doc["bandwidth"]))
+            if doc["compilation"]:
+                print(f"compiled: {doc['compile']}")
+                for name, mode in doc["compilation"]["modes"].items():
+                    print(
+                        f"  {name}: {mode['compiles']} compiles, {mode['graph_breaks']} graph breaks, "
+                        f"{mode['recompiles']} recompiles"
+                    )
             if doc["failures"]:
                 print("failures:", *doc["failures"], sep="\n  ")
         if args.repeats > 1:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.report import BatchRun, BenchResult, ModeRun, write_report
+from pto_patch.run.compiling import CompileWatch, apply_compile
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
-from pto_patch.run.loading import apply_compile, versions
+from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.start import start_run
@@ -85,11 +86,12 @@ def run_bench(options: BenchOptions) -> BenchResult:
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
-    apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, loaded.kernels)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     kernels = loaded.kernels
-    lookup = lookup_for_run(loaded, warnings) if options.use_dynamic_config else None
+    lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
     backends_used = []
+    watch = None
 
     runs = []
     for batch in batches:
@@ -110,6 +112,9 @@ def run_bench(options: BenchOptions) -> BenchResult:
             "baseline": kernels.disable,
             "pto": lambda ops=switched_on, backend=kernel_backend: set_switches(kernels, ops, backend),
         }
+        if compiled is not None:
+            watch = watch or CompileWatch(compiled)
+            switches = watch.wrap(switches)
         try:
             timed = measure_modes(
                 loaded,
@@ -137,6 +142,11 @@ def run_bench(options: BenchOptions) -> BenchResult:
             )
         )
 
+    compilation = watch.finish() if watch is not None else None
+    if compilation is not None:
+        more_failures, more_warnings = compilation.failures_and_warnings()
+        failures += more_failures
+        warnings += more_warnings
     weight_bytes = decode_weight_bytes(loaded.model)
     bandwidth = measure_copy_bandwidth(device)  # last, so its buffers never count in a mode's peak
     result = BenchResult(
@@ -156,6 +166,8 @@ def run_bench(options: BenchOptions) -> BenchResult:
         kernel_backend=backends_used[0] if len(set(backends_used)) == 1 else "per-batch",
         dynamic_config_source=lookup.to_json() if lookup else None,
         options=options.to_json(),
+        compile=compiled.description if compiled else None,
+        compilation=compilation,
     )
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
         path = Path(options.output_dir) / name

@@ -270,8 +270,7 @@ def _verify_text(report) -> None:
     for fix in report.rope_fixes:
         out.print(f"  rope fix: {fix}")
     _other_patchers(report.other_patchers)
-    if report.compile:
-        out.print(f"  compiled: {report.compile}")
+    _compilation(report.compile, report.compilation)
     if report.dynamic_config:
         _dynamic_source(report.dynamic_config_source)
         _dynamic_table(report.dynamic_config)
@@ -288,6 +287,18 @@ def _verify_text(report) -> None:
         out.print("[bold green]PASSED[/]", markup=True)
     else:
         out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+
+
+def _compilation(description: str | None, compilation) -> None:
+    """How the model was compiled, and per mode what the compiler did (breaks named in the messages)."""
+    if not description:
+        return
+    out.print(f"  compiled: {description}", markup=False)
+    for name, mode in compilation.modes.items() if compilation is not None else ():
+        out.print(
+            f"    {name}: {mode.compiles} compile(s), {mode.graphs} graph(s), "
+            f"{sum(mode.breaks.values())} graph break(s), {len(mode.recompiles)} recompile(s)"
+        )
 
 
 def _other_patchers(patchers) -> None:
@@ -399,6 +410,7 @@ def _bench_text(result) -> None:
         f"/ {result.copy_bandwidth_bytes_s / 1e9:.2f} GB/s copy bandwidth = {floor_s * 1000:.2f} ms"
     )
     out.print(f"  peak memory: {result.peak_memory_source}")
+    _compilation(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
     for run in result.runs:
         out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")

@@ -11,9 +11,12 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+
+if TYPE_CHECKING:
+    from pto_patch.run.compiling import Compilation
 
 SCHEMA_VERSION = 1
 DEMO_TIMING_NOTE = (
@@ -139,6 +142,8 @@ class OpReport:
     fallbacks: int
     backends: dict[str, int] = field(default_factory=dict)
     first_fallback_error: str | None = None
+    captured: int = 0  # calls made while a device graph was captured (ACL graph, CUDA graph)
+    replays: int = 0  # replays of such a graph, where they were counted
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -241,6 +246,7 @@ class VerifyReport(Verdict):
     allow_modified: bool = False
     rope_fixes: list[str] = field(default_factory=list)
     compile: str | None = None
+    compilation: Compilation | None = None  # what the compiler did per mode, when compiled
     peak_memory_source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     report_file: str | None = None
@@ -289,6 +295,7 @@ class VerifyReport(Verdict):
             "rope_fixes": list(self.rope_fixes),
             "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
             "compile": self.compile,
+            "compilation": None if self.compilation is None else self.compilation.to_json(),
             "peak_memory_source": self.peak_memory_source,
             "load_note": "the model is loaded once; both modes share that load time",
             "options": dict(self.options),
@@ -346,6 +353,8 @@ class BenchResult(Verdict):
     dynamic_config_source: dict[str, Any] | None = None  # with --use_dynamic_config: tuning or table, why
     options: dict[str, Any] = field(default_factory=dict)
     other_patchers: list[OtherPatcher] = field(default_factory=list)
+    compile: str | None = None
+    compilation: Compilation | None = None
 
     @property
     def floor_s(self) -> float:
@@ -368,6 +377,8 @@ class BenchResult(Verdict):
                 "note": "floor = weight bytes one decode step reads / measured copy bandwidth (read + write)",
             },
             "peak_memory_source": self.peak_memory_source,
+            "compile": self.compile,
+            "compilation": None if self.compilation is None else self.compilation.to_json(),
         }
 
     def mode_document(self, mode: str) -> dict[str, Any]:

@@ -19,9 +19,10 @@ from typing import Any
 from pto_patch import __version__, folder_lock, tune_selection
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.report import TuneResult
+from pto_patch.run.compiling import apply_compile
 from pto_patch.run.generation import generate
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
-from pto_patch.run.loading import apply_compile, versions
+from pto_patch.run.loading import versions
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_options, parse_batches
 from pto_patch.run.start import start_run
@@ -236,7 +237,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     if failures:  # a model that did not load whole is not worth timing
         result.duration_s = clock() - began
         return result
-    apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, kernels)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
     ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]
@@ -301,6 +302,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         "spec": spec.name,
         "ops_patched": list(loaded.state.patched_ops),
         "dtype": loaded.dtype_name,
+        "compile": None if compiled is None else compiled.to_json(),
         "threads": _threads(),
         "input": description,
         "output_length": options.output_length,

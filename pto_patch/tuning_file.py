@@ -26,6 +26,9 @@ SOURCE_TUNING = "tuning"
 SOURCE_TABLE = "reference table"
 
 
+NOT_CHECKED = object()  # find_tuning: the run's compile set-up is not compared
+
+
 def tuning_path(folder: Path) -> Path:
     return Path(folder) / TUNING_PATH
 
@@ -115,12 +118,15 @@ def find_tuning(
     patched: tuple[str, ...],
     *,
     manifest: Manifest | None = None,
+    compiled: Any = NOT_CHECKED,
 ) -> TuningLookup:
     """The folder's tuning if tune wrote it (its sha256 in the manifest) and it was made here (device,
-    releases, dtype, spec, patched ops), else why not.
+    releases, dtype, spec, patched ops, compiled the same way), else why not.
 
     `kernels` is the folder's own pto_kernels module, whose `tuning` reads and checks the file.
     `device_name` None is the default device (NPU, else CUDA, else CPU); `dtype` None is not checked.
+    `compiled` is the run's compile set-up (`CompileSetup.to_json()`, None for eager): an op choice
+    measured eager need not be the faster one compiled, nor the other way round.
     """
     path = tuning_path(folder)
     if not (path.exists() or path.is_symlink()):
@@ -147,6 +153,11 @@ def find_tuning(
                 f"tuning {path} was made for spec {tuning.spec} with ops {','.join(tuning.ops_patched)}; "
                 f"this folder is {spec} with {','.join(patched)}: run `pto-patch tune` again"
             )
+        elif compiled is not NOT_CHECKED and tuning.header.get("compile") != compiled:
+            mismatch = (
+                f"tuning {path} was measured {describe_compile(tuning.header.get('compile'))}, this run is "
+                f"{describe_compile(compiled)}: run `pto-patch tune` with the same compile options"
+            )
     if mismatch is not None:
         return TuningLookup(SOURCE_TABLE, f"{mismatch}; using the reference table", str(path), read=tuning)
     return TuningLookup(
@@ -154,7 +165,14 @@ def find_tuning(
     )
 
 
-def lookup_for_run(loaded, warnings: list[str]) -> TuningLookup:
+def describe_compile(compiled: dict[str, Any] | None) -> str:
+    if not compiled:
+        return "eager"
+    mode = f", mode {compiled['mode']}" if compiled.get("mode") else ""
+    return f"compiled (backend {compiled.get('backend')}{mode})"
+
+
+def lookup_for_run(loaded, warnings: list[str], compiled=None) -> TuningLookup:
     """find_tuning for a loaded run; a tuning that is there but does not apply is one warning line."""
     lookup = find_tuning(
         loaded.folder,
@@ -163,6 +181,7 @@ def lookup_for_run(loaded, warnings: list[str]) -> TuningLookup:
         loaded.dtype_name,
         loaded.spec.name,
         tuple(loaded.state.patched_ops),
+        compiled=None if compiled is None else compiled.to_json(),
     )
     if lookup.source == SOURCE_TABLE and lookup.file is not None:
         warnings.append(f"--use_dynamic_config: {lookup.reason}")

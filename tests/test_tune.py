@@ -237,6 +237,27 @@ def test_a_tuning_made_elsewhere_falls_back_to_the_table_saying_why(
     assert says in lookup.reason and "\n" not in lookup.reason and "reference table" in lookup.reason
 
 
+COMPILED = {"backend": "inductor", "mode": None, "dynamic": True}
+
+
+@pytest.mark.parametrize(
+    ("made", "run", "used"),
+    [
+        (None, None, True),  # eager tuning, eager run
+        (COMPILED, COMPILED, True),
+        (None, COMPILED, False),  # measured eager: no claim about the compiled model
+        (COMPILED, None, False),
+        (COMPILED, dict(COMPILED, backend="aot_eager"), False),
+    ],
+)
+def test_a_tuning_is_used_only_by_runs_compiled_as_it_was_measured(patched_copy: Path, made, run, used):
+    write_tuning(patched_copy, _tuning({"swiglu_mlp": "fused"}, compile=made))
+    lookup = find_tuning(patched_copy, pto_kernels, "cpu", "float32", "gutenocr_3b", tuple(OPS), compiled=run)
+    assert (lookup.source == SOURCE_TUNING) is used, lookup.reason
+    if not used:
+        assert "compile" in lookup.reason and "\n" not in lookup.reason
+
+
 def _record_tuning(folder: Path, record: dict | None) -> None:
     """Set (or, with None, drop) the manifest's record of the tuning, as a hand edit would."""
     manifest = Manifest.load(folder)

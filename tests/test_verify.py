@@ -27,11 +27,12 @@ from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.ocr_inputs import sample_image
 from pto_patch.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
 from pto_patch.run import device, loading
+from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
 from pto_patch.run.folder import check_folder, import_folder_kernels
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
 from pto_patch.run.inputs import OCR_PROMPT
-from pto_patch.run.loading import apply_compile, fix_rope_config, load_failures
+from pto_patch.run.loading import fix_rope_config, load_failures
 from pto_patch.run.ops import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
@@ -406,8 +407,9 @@ def test_acl_graph_without_torchair_falls_back_to_torch_compile_with_a_warning()
     plain_forward = model.forward
     warnings: list[str] = []
     options = VerifyOptions(use_acl_graph=True, compile_backend="eager")
-    note = apply_compile(model, options, warnings)
-    assert note.startswith("torch.compile") and "'eager'" in note
+    setup = apply_compile(model, options, warnings)
+    assert setup.backend == "eager" and setup.dynamic is True
+    assert setup.description.startswith("torch.compile") and "'eager'" in setup.description
     assert len(warnings) == 1 and "torchair" in warnings[0]
     assert model.forward is not plain_forward
     assert apply_compile(torch.nn.Linear(2, 2), VerifyOptions(), warnings) is None

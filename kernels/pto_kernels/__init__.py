@@ -17,12 +17,14 @@ Importing this package needs torch only; pypto and torch_npu are imported on fir
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
 from . import _dispatch, ops, reference
 from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
+from .ops import refuse_graph_mode as _refuse_graph_mode
 from .tuning import TuningError, TuningMismatchError, apply_tuning
 
 __all__ = [
@@ -119,6 +121,8 @@ def enable(ops: Iterable[str] | str = OPS, backend: str | Mapping[str, str] | No
     chosen = _check_ops(ops)
     _backends = _requested_backends(backend)
     _bind()
+    if "torchair" in sys.modules:  # a torchair compile may follow: GE mode must name the op it cannot lower
+        _refuse_graph_mode()
     for op, switch in SWITCHES.items():
         globals()[switch] = op in chosen
 

@@ -103,6 +103,43 @@ def _register() -> None:
 
 _register()
 
+
+class GraphModeUnsupported(RuntimeError):
+    """torchair's graph (GE) mode met a pto_kernels op, which has no Ascend IR converter."""
+
+
+def _ge_refusal(name: str):
+    def refuse(*args, meta_outputs=None, **kwargs):
+        raise GraphModeUnsupported(
+            f"{NAMESPACE}::{name} has no Ascend IR converter, so torchair's graph (GE) mode cannot compile it; "
+            "use ACL graph instead (torchair CompilerConfig().mode = 'reduce-overhead', as "
+            "`pto-patch verify --use_acl_graph` does) or a torch.compile backend"
+        )
+
+    return refuse
+
+
+_ge_refused: set[int] = set()
+
+
+def refuse_graph_mode(torchair=None) -> bool:
+    """Register, with torchair, a converter per op that stops GE mode with an error naming the op.
+
+    ACL graph (reduce-overhead) captures the ops' kernels as they run and needs no converter; GE mode
+    (torchair's default, max-autotune) lowers each node to Ascend IR, where these ops have none. Without
+    this, GE mode would fail somewhere inside torchair. Runs once per torchair module; `enable()` calls it
+    when torchair is imported. Returns whether converters were registered.
+    """
+    torchair = torchair if torchair is not None else sys.modules.get("torchair")
+    register = getattr(torchair, "register_fx_node_ge_converter", None)
+    if register is None or id(torchair) in _ge_refused:
+        return False
+    for name in NAMES:
+        register(getattr(torch.ops.pto_kernels, name).default)(_ge_refusal(name))
+    _ge_refused.add(id(torchair))
+    return True
+
+
 rms_norm = torch.ops.pto_kernels.rms_norm.default
 mrope = torch.ops.pto_kernels.mrope.default
 mrope_mixed = torch.ops.pto_kernels.mrope_mixed.default

@@ -3,7 +3,8 @@
 - `options`: the options every run shares, checked before anything loads
 - `device`: device and dtype choice, synchronisation, peak memory
 - `folder`: the folder's patch state, and its own `pto_kernels` imported
-- `loading`: one load (remote code), the rope fixes, load info, versions, compile
+- `loading`: one load (remote code), the rope fixes, load info, versions
+- `compiling`: torch.compile or ACL graph, and what the compiler did in each mode
 - `inputs`: prompt, image and batch
 - `generation`: greedy generation, both modes timed side by side, the comparison
 - `ops`: which ops are switched on, and whether they ran

@@ -210,28 +210,3 @@ def versions() -> dict[str, str]:
             continue
     found["python"] = ".".join(str(x) for x in sys.version_info[:3])
     return found
-
-
-def apply_compile(model, options, warnings: list[str]) -> str | None:
-    """Wrap model.forward: torchair's ACL graph where asked and present, else torch.compile."""
-    if not (options.use_compile or options.use_acl_graph):
-        return None
-    import torch
-
-    if options.use_acl_graph:
-        try:
-            import torchair
-
-            config = torchair.CompilerConfig()
-            config.mode = "reduce-overhead"
-            backend = torchair.get_npu_backend(compiler_config=config)
-        except Exception as exc:  # torchair missing, or present without torch_npu / CANN
-            warnings.append(
-                f"--use_acl_graph: torchair is not usable here ({type(exc).__name__}); "
-                f"using torch.compile(backend={options.compile_backend!r}) instead"
-            )
-        else:
-            model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
-            return "torchair npu backend, reduce-overhead (ACL graph)"
-    model.forward = torch.compile(model.forward, backend=options.compile_backend, mode=options.compile_mode)
-    return f"torch.compile(backend={options.compile_backend!r}, mode={options.compile_mode!r})"

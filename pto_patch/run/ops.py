@@ -127,6 +127,8 @@ def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str,
             fallbacks=int(entry.get("fallbacks", 0)),
             backends={str(k): int(v) for k, v in (entry.get("backends") or {}).items()},
             first_fallback_error=entry.get("first_fallback_error"),
+            captured=int(entry.get("captured", 0)),  # absent from older kernel packages
+            replays=int(entry.get("replays", 0)),
         )
     return reports
 

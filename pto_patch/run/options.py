@@ -79,3 +79,18 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         )
     if options.ops is not None:
         parse_ops(options.ops, spec)
+    if options.use_compile or options.use_acl_graph:
+        check_compile_backend(options.compile_backend)
+
+
+def check_compile_backend(name: str) -> None:
+    from torch._dynamo import list_backends
+
+    known = list_backends(exclude_tags=())
+    if name not in known:
+        raise PtoPatchError(
+            f"--backend '{name}' is not a torch.compile backend here",
+            "choose eager, aot_eager or inductor (all: torch._dynamo.list_backends()); "
+            "the kernels' backend is --kernel-backend",
+            exit_code=EXIT_USAGE,
+        )

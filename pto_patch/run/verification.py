@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.report import VerifyReport
+from pto_patch.run.compiling import apply_compile, watch_switches
 from pto_patch.run.device import peak_memory_source
 from pto_patch.run.folder import module_dir
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
-from pto_patch.run.loading import apply_compile, versions
+from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions
 from pto_patch.run.start import start_run
@@ -54,7 +55,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         ]
         if ignored:
             warnings.append(f"{', '.join(ignored)} only matter with --use_pto; ran the baseline only")
-    compile_note = apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, loaded.kernels)
     inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(inputs, options.batch, device)
 
@@ -62,7 +63,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     table = lookup = None
     if options.use_pto:
         if options.use_dynamic_config:
-            lookup = lookup_for_run(loaded, warnings)
+            lookup = lookup_for_run(loaded, warnings, compiled)
         switched_on, table = choose_ops(
             options.ops,
             spec,
@@ -75,19 +76,21 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
 
     # The accuracy runs: switches off, then on, on the same inputs; then the timed runs of both modes.
     kernels = loaded.kernels
+    switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
+    if options.use_pto:
+        switches["pto"] = lambda: set_switches(kernels, switched_on, kernel_backend)
+    watch, switches = watch_switches(compiled, switches)
+    switches["baseline"]()
     if kernels is not None:
-        kernels.disable()
         kernels.reset_stats()
     base_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
     if kernels is not None:
         stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
         if stray:
             failures.append(f"kernels ran with every switch off: {stray}")
-    switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
     pto_run, stats = None, {}
     try:
         if options.use_pto:
-            switches["pto"] = lambda: set_switches(kernels, switched_on, kernel_backend)
             switches["pto"]()
             pto_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
         timed = measure_modes(
@@ -103,6 +106,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         if kernels is not None:
             stats = kernels.stats()  # only the PTO runs count: the switches are off for the baseline
             kernels.disable()
+    compilation = watch.finish() if watch is not None else None
     baseline = timed["baseline"]
 
     report = VerifyReport(
@@ -125,7 +129,8 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         modified_files=list(loaded.state.modified_files),
         allow_modified=options.allow_modified,
         rope_fixes=loaded.rope_fixes,
-        compile=compile_note,
+        compile=compiled.description if compiled else None,
+        compilation=compilation,
         peak_memory_source=peak_memory_source(device),
         options=options.to_json(),
         other_patchers=list(loaded.other_patchers),
@@ -148,5 +153,9 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     else:
         text = loaded.tokenizer.decode(base_run.new_tokens[0], skip_special_tokens=True)
         report.input["baseline_text"] = text
+    if compilation is not None:
+        more_failures, more_warnings = compilation.failures_and_warnings()
+        report.failures += more_failures
+        report.warnings += more_warnings
 
     return report

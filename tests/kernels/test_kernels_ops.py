@@ -197,3 +197,40 @@ def test_replays_of_a_captured_graph_are_counted_not_lost(monkeypatch):
     stats = pto_kernels.stats()["rms_norm"]
     assert stats["captured"] == 1 and stats["replays"] == 4 and stats["calls"] == 2
     assert pto_kernels.stats()["mrope"]["replays"] == 0  # never captured: never counted as replayed
+
+
+class _StandInTorchair:
+    """What pto_kernels uses of torchair: its GE converter registry (the real one needs CANN)."""
+
+    def __init__(self):
+        self.converters = {}
+
+    def register_fx_node_ge_converter(self, aten_op):
+        def register(converter):
+            self.converters[aten_op] = converter
+            return converter
+
+        return register
+
+
+def test_torchair_graph_mode_gets_a_converter_per_op_that_names_it(monkeypatch):
+    torchair = _StandInTorchair()
+    monkeypatch.setitem(sys.modules, "torchair", torchair)
+    monkeypatch.setattr(ops, "_ge_refused", set())
+    pto_kernels.enable(backend="torch")
+    assert set(torchair.converters) == {getattr(torch.ops.pto_kernels, name).default for name in ops.NAMES}
+    for name in ops.NAMES:
+        converter = torchair.converters[getattr(torch.ops.pto_kernels, name).default]
+        with pytest.raises(ops.GraphModeUnsupported, match=f"pto_kernels::{name} has no Ascend IR converter"):
+            converter(torch.ones(1), meta_outputs=None)
+    assert ops.refuse_graph_mode(torchair) is False  # once per torchair: enable() may run many times
+    pto_kernels.enable(backend="torch")
+    assert len(torchair.converters) == len(ops.NAMES)
+
+
+def test_without_torchair_no_converter_is_registered(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torchair", raising=False)
+    monkeypatch.setattr(ops, "_ge_refused", set())
+    pto_kernels.enable(backend="torch")
+    assert ops._ge_refused == set()
+    assert ops.refuse_graph_mode(object()) is False  # a module without the registry: nothing to do
