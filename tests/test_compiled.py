@@ -156,6 +156,10 @@ for mode, switch in modes.items():
     entry["calls"] = {op: s["calls"] for op, s in pto_kernels.stats().items()}
     entry["logit_scale"] = eager["decode"].abs().max().item()
 
+if sys.argv[5] != "image":
+    print(json.dumps(result))
+    sys.exit(0)
+
 # Image prefill: transformers' vision code breaks graphs of its own; PTO mode must add none, and the
 # language model it feeds compiles whole.
 tokenizer = ocr_inputs.load_tokenizer(folder)
@@ -213,13 +217,13 @@ TOLERANCE = 1e-4  # float32, relative to the largest logit: compiled code may re
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kernel_backend", "compilers"),
-    [("fused", "eager,aot_eager,inductor"), ("torch", "eager,aot_eager")],
+    ("kernel_backend", "compilers", "image"),
+    [("fused", "eager,aot_eager,inductor", "image"), ("torch", "eager,aot_eager", "text")],
 )
 def test_pto_mode_compiles_whole_and_computes_what_eager_pto_mode_computes(
-    patched_tiny: Path, tmp_path: Path, kernel_backend: str, compilers: str
+    patched_tiny: Path, tmp_path: Path, kernel_backend: str, compilers: str, image: str
 ):
-    result = run_fresh(COMPILE_CHECKS, [str(patched_tiny), kernel_backend, compilers, REPO], tmp_path)
+    result = run_fresh(COMPILE_CHECKS, [str(patched_tiny), kernel_backend, compilers, REPO, image], tmp_path)
     for mode in ("off", "pto"):
         entry = result[mode]
         assert entry["decode_breaks"] == 0, (mode, entry)
@@ -235,6 +239,8 @@ def test_pto_mode_compiles_whole_and_computes_what_eager_pto_mode_computes(
     # the compiled calls ran the kernels, and are counted
     assert all(calls > 0 for calls in result["pto"]["calls"].values()), result["pto"]["calls"]
     assert not any(result["off"]["calls"].values()), result["off"]["calls"]
+    if image != "image":
+        return
     # image prefill: PTO mode adds no break to the vision code's own
     base_count, base_reasons = result["off"]["image_breaks"]
     pto_count, pto_reasons = result["pto"]["image_breaks"]
@@ -357,8 +363,10 @@ def test_a_graph_break_pto_mode_adds_fails_verify_naming_it(patched_tiny: Path, 
             "--model-path",
             str(folder),
             "--use_pto",
+            "--ops",
+            "rms_norm",  # one op is enough to break the graph, and compiles far less
             "--output_length",
-            "4",
+            "2",
             "--allow-modified",
             "--json",
         ]
