@@ -329,14 +329,33 @@ def verify(
     report_file: Annotated[
         Path | None, typer.Option("--report-file", "--report_file", help="Write the JSON report here.")
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="transformers (the patched folder), or vllm (the original folder through vLLM and the pto_kernels plugin).",
+        ),
+    ] = "transformers",
+    multiprocessing: Annotated[
+        bool,
+        typer.Option(
+            "--multiprocessing", help="--engine vllm: vLLM's multi-process engine (default: in-process)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch import render
     from pto_patch.verify import VerifyOptions, run_verify
+    from pto_patch.vllm_verify import check_engine, run_vllm_verify
 
-    report = run_verify(_options(VerifyOptions, parameters))
+    check_engine(parameters.pop("engine"), multiprocessing)
+    if engine == "vllm":
+        report = run_vllm_verify(parameters)
+    else:
+        parameters.pop("multiprocessing")
+        report = run_verify(_options(VerifyOptions, parameters))
     render.show(report, as_json=as_json)
     raise typer.Exit(report.exit_code)
 

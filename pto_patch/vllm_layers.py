@@ -63,6 +63,8 @@ class PtoLayer:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.pto_kernels_on = _switched_on(self.pto_kernels_op) and self.pto_fits()
+        # looked up once here: a compiled graph traces the forwards, and the tracer cannot import
+        self.pto_ops = serving_ops() if self.pto_kernels_on else None
 
     def pto_fits(self) -> bool:
         """Whether this instance's configuration is one the pto_kernels entry computes."""
@@ -87,8 +89,8 @@ class PtoRMSNorm(PtoLayer):
     def pto_forward(self, underneath, x, residual=None):
         weight = self.weight.data
         if residual is None:
-            return serving_ops().rms_norm(x, weight, self.variance_epsilon).to(x.dtype)
-        normed, summed = serving_ops().add_rms_norm(x, residual, weight, self.variance_epsilon)
+            return self.pto_ops.rms_norm(x, weight, self.variance_epsilon).to(x.dtype)
+        normed, summed = self.pto_ops.add_rms_norm(x, residual, weight, self.variance_epsilon)
         return normed.to(x.dtype), summed
 
 
@@ -98,7 +100,7 @@ class PtoSiluAndMul(PtoLayer):
     pto_kernels_op = "swiglu_mlp"
 
     def pto_forward(self, underneath, x):
-        return serving_ops().silu_and_mul(x)
+        return self.pto_ops.silu_and_mul(x)
 
 
 class PtoMRotaryEmbedding(PtoLayer):
@@ -125,7 +127,7 @@ class PtoMRotaryEmbedding(PtoLayer):
             positions = positions.expand(3, -1)
         cache = self._match_cos_sin_cache_dtype(query)
         cos, sin = cache[positions].chunk(2, dim=-1)  # [3, tokens, head_size // 2] each
-        return serving_ops().token_mrope(query, key, cos, sin, list(self.mrope_section), self.head_size)
+        return self.pto_ops.token_mrope(query, key, cos, sin, list(self.mrope_section), self.head_size)
 
 
 # vLLM's registry key (its in-tree class name) -> the mixin for it

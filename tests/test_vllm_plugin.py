@@ -1,5 +1,5 @@
 """The vLLM plugin without vLLM: its switch, its idempotent registration, every platform path, and its turn
-after vllm-ascend, against the stand-in registry in tests/stand_in_vllm.py (vLLM itself: tests/vllm/)."""
+after vllm-ascend, against the stand-in registry in tests/stand_in_vllm.py (vLLM itself: tests/vllm_lane/)."""
 
 from __future__ import annotations
 
