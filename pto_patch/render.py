@@ -251,6 +251,17 @@ def _messages(failures: list[str], warnings: list[str]) -> None:
         err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
 
 
+def _verdict(report) -> None:
+    """A verify report's warnings and failures, where its JSON went, and PASSED or FAILED."""
+    _messages(report.failures, report.warnings)
+    if report.report_file:
+        out.print(f"  report written to {report.report_file}")
+    if report.passed:
+        out.print("[bold green]PASSED[/]", markup=True)
+    else:
+        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+
+
 def _verify_text(report) -> None:
     source = report.input
     what = f"image {source.get('image')}" if source["kind"] == "image" else f"prompt {source['prompt']!r}"
@@ -281,13 +292,7 @@ def _verify_text(report) -> None:
         _accuracy(report.accuracy)
     elif source.get("baseline_text") is not None:
         out.print(f"  baseline text: {source['baseline_text']!r}")
-    _messages(report.failures, report.warnings)
-    if report.report_file:
-        out.print(f"  report written to {report.report_file}")
-    if report.passed:
-        out.print("[bold green]PASSED[/]", markup=True)
-    else:
-        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+    _verdict(report)
 
 
 def _vllm_verify_text(report) -> None:
@@ -325,13 +330,7 @@ def _vllm_verify_text(report) -> None:
         out.print(
             f"  greedy tokens: {acc['token_match_rate']:.1%} agree ({'equal' if acc['tokens_equal'] else 'differ'})"
         )
-    _messages(report.failures, report.warnings)
-    if report.report_file:
-        out.print(f"  report written to {report.report_file}")
-    if report.passed:
-        out.print("[bold green]PASSED[/]", markup=True)
-    else:
-        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+    _verdict(report)
 
 
 def _other_patchers(patchers) -> None:

@@ -31,6 +31,7 @@ from pto_patch.spec import load_spec, parse_ops
 from pto_patch.vllm_plugin import BACKEND_ENV, OPS_ENV, plugin_settings
 
 ENGINE_TIMEOUT_S = 1800
+TEXT_CONTEXT, IMAGE_CONTEXT = 512, 8192
 DEFAULT_PROMPT = "Read all text in the image and return a single TEXT string."
 TEXT_PROMPT = "Hello"
 # verify's options that have no meaning here: (option, field, value it has when not given)
@@ -298,6 +299,9 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
         "compiled": options.use_compile,
         "warmup": options.warmup,
         "iters": options.iters,
+        # room for the prompt (a page image can take thousands of tokens) and the new tokens
+        "max_model_len": (IMAGE_CONTEXT if options.image is not None else TEXT_CONTEXT)
+        + options.output_length,
     }
     work = Path(tempfile.mkdtemp(prefix="pto-patch-vllm-"))
     base_run = _run_engine("baseline", request, _engine_env(options, (), backend), work)

@@ -14,6 +14,7 @@ import pytest
 
 from pto_patch import engine
 from pto_patch.errors import EXIT_USAGE, PtoPatchError, SpecError
+from pto_patch.report import json_document
 from pto_patch.tiny_model import TextWidths, make_tiny, model_config
 from pto_patch.vllm_verify import VllmVerifyOptions, compare_tokens, verify_with_vllm
 
@@ -111,3 +112,34 @@ def test_token_comparison_passes_only_on_equal_tokens():
     parted = compare_tokens([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
     assert parted["passed"] is False and parted["token_match_rate"] == round(4 / 6, 4)
     assert parted["first_difference"] == {"sequence": 1, "step": 1, "baseline": 5, "pto": 9}
+
+
+def _report(tokens_equal: bool):
+    from pto_patch.vllm_verify import VllmVerifyReport
+
+    mode = {"load_s": 6.1, "latency_s": 0.06, "tokens_per_s": 130.0, "worker_pids": [11], "ops": {}}
+    ops = {
+        op: {"calls": 5, "backends": {"fused": 5}, "fallbacks": 0}
+        for op in ("rms_norm", "mrope", "swiglu_mlp")
+    }
+    pto = {**mode, "ops": ops, "layers": {"RMSNorm": {"built": 5, "pto": 5}}}
+    accuracy = compare_tokens([[1, 2]], [[1, 2]] if tokens_equal else [[1, 3]])
+    return VllmVerifyReport(
+        model_path="/m", vllm_version="0.32.0", device="cpu", dtype="float32",
+        input={"kind": "text", "prompt": "Hello", "image": None, "prompt_tokens": 9, "batch": 1, "output_length": 2},
+        multiprocessing=False, compiled=True, baseline=mode, pto=pto, switched_on=["rms_norm", "mrope", "swiglu_mlp"],
+        kernel_backend="fused", accuracy=accuracy, failures=[] if tokens_equal else ["greedy tokens differ"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("tokens_equal", [True, False])
+def test_the_text_report_shows_calls_layers_agreement_and_the_verdict(tokens_equal, capsys):
+    from pto_patch import render
+
+    report = _report(tokens_equal)
+    render.show(report, as_json=False)
+    shown = capsys.readouterr()
+    assert "compiled" in shown.out and "RMSNorm 5/5" in shown.out and "fused 5" in shown.out
+    assert ("PASSED" in shown.out) is tokens_equal and ("exit code 3" in shown.out) is not tokens_equal
+    assert report.exit_code == (0 if tokens_equal else 3)
+    assert json_document(report)["engine"] == "vllm" and json_document(report)["passed"] is tokens_equal

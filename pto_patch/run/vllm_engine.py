@@ -30,7 +30,7 @@ class EngineRequest:
     compiled: bool = False  # vLLM's torch.compile (custom ops off: forward_native traced) vs enforce_eager
     warmup: int = 1
     iters: int = 3
-    max_model_len: int = 1024
+    max_model_len: int = 512
     timed_batches: tuple[int, ...] = ()  # also time these batch sizes (benchmarks/bench_vllm.py)
 
     def to_json(self) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def run(request: EngineRequest) -> dict[str, Any]:
         seed=0,
         max_model_len=request.max_model_len,
         max_num_seqs=max((request.batch, *request.timed_batches)),
-        max_num_batched_tokens=max(request.max_model_len, 512),
+        max_num_batched_tokens=request.max_model_len,
         enforce_eager=not request.compiled,
         limit_mm_per_prompt={"image": 1 if request.image else 0, "video": 0},
     )
