@@ -299,6 +299,7 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
         "compiled": options.use_compile,
         "warmup": options.warmup,
         "iters": options.iters,
+        "device": options.device,
         # room for the prompt (a page image can take thousands of tokens) and the new tokens
         "max_model_len": (IMAGE_CONTEXT if options.image is not None else TEXT_CONTEXT)
         + options.output_length,
@@ -312,12 +313,6 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
 
     workers = base_run["workers"]
     device = workers[0].get("device", "cpu") if workers else "cpu"
-    if options.device is not None and options.device.split(":")[0] != device:
-        raise PtoPatchError(
-            f"--device {options.device}: vLLM here runs on {device} (its platform decides, not pto-patch)",
-            "leave --device out with --engine vllm",
-            exit_code=EXIT_USAGE,
-        )
     report = VllmVerifyReport(
         model_path=str(folder),
         vllm_version=base_run.get("vllm_version"),

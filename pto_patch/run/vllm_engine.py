@@ -31,6 +31,7 @@ class EngineRequest:
     warmup: int = 1
     iters: int = 3
     max_model_len: int = 512
+    device: str | None = None  # what verify's --device asked for; vLLM's platform decides
     timed_batches: tuple[int, ...] = ()  # also time these batch sizes (benchmarks/bench_vllm.py)
 
     def to_json(self) -> dict[str, Any]:
@@ -95,8 +96,14 @@ def _prompts(llm, request: EngineRequest) -> list[dict[str, Any]]:
 def run(request: EngineRequest) -> dict[str, Any]:
     started = time.perf_counter()
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
 
     import_s = time.perf_counter() - started
+    if request.device is not None and request.device.split(":")[0] != current_platform.device_type:
+        raise SystemExit(
+            f"error: --device {request.device}: vLLM here runs on {current_platform.device_type} "
+            "(its platform decides); leave --device out"
+        )
     llm = LLM(
         model=request.model_path,
         dtype=request.dtype,

@@ -139,3 +139,10 @@ def test_an_unknown_op_in_the_switch_stops_vllm_at_start_up(tiny: Path, tmp_path
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and not (tmp_path / "out.json").exists()
     assert "PTO_KERNELS_VLLM_OPS='rms_norm,rmsnorm' names unknown pto_kernels op(s) 'rmsnorm'" in done.stderr
+
+
+def test_a_device_vllm_does_not_run_on_is_refused(tiny: Path, tmp_path: Path):
+    done = _verify(["--model-path", str(tiny), "--device", "npu"], tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    doc = _doc(done)
+    assert "--device npu: vLLM here runs on cpu" in doc["error"] and "log" in doc["hint"]
