@@ -143,3 +143,68 @@ def test_the_text_report_shows_calls_layers_agreement_and_the_verdict(tokens_equ
     assert ("PASSED" in shown.out) is tokens_equal and ("exit code 3" in shown.out) is not tokens_equal
     assert report.exit_code == (0 if tokens_equal else 3)
     assert json_document(report)["engine"] == "vllm" and json_document(report)["passed"] is tokens_equal
+
+
+def _engine_run(stats: dict, tokens: list[list[int]]) -> dict:
+    worker = {
+        "pid": 7,
+        "stats": stats,
+        "layers": {},
+        "registry": {},
+        "device": "cpu",
+        "pto_kernels_path": "/k",
+    }
+    return {
+        "engine_pid": 7, "workers": [worker], "token_ids": tokens, "texts": ["x"], "prompt_tokens": 9,
+        "import_s": 1.0, "load_s": 1.0, "latency_s": 0.1, "latencies_s": [0.1], "tokens_per_s": 80.0,
+        "vllm_version": "0.32.0",
+    }  # fmt: skip
+
+
+def _entry(calls: int, fallbacks: int = 0) -> dict:
+    error = "fused: RuntimeError: boom" if fallbacks else None
+    return {
+        "calls": calls,
+        "backends": {"fused": calls},
+        "fallbacks": fallbacks,
+        "first_fallback_error": error,
+    }
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, monkeypatch, strict: bool):
+    """Stray calls in the baseline, an op that never ran and a fallback: each its own failure (the fallback
+    only with --strict); the runs themselves are canned here, the lane runs vLLM."""
+    from pto_patch import vllm_verify
+
+    runs = {
+        "baseline": _engine_run({"rms_norm": _entry(3)}, [[1, 2, 3]]),
+        "pto": _engine_run({"rms_norm": _entry(4, fallbacks=1), "mrope": _entry(0), "swiglu_mlp": _entry(2)}, [[1, 2, 3]]),
+    }  # fmt: skip
+    monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
+    monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
+    report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True, strict=strict))
+    assert "pto_kernels ran with the plugin's ops off: {'rms_norm': 3}" in report.failures
+    assert "mrope: switched on but never ran in vLLM's worker(s)" in report.failures
+    fallback = "rms_norm: 1 call(s) fell back to torch (fused: RuntimeError: boom)"
+    assert (fallback in report.failures) is strict and (fallback in report.warnings) is not strict
+    assert report.accuracy["tokens_equal"] and report.exit_code == 3
+
+
+def test_a_clean_report_passes(tiny: Path, monkeypatch):
+    from pto_patch import vllm_verify
+
+    ops = {op: _entry(5) for op in ("rms_norm", "mrope", "swiglu_mlp")}
+    runs = {"baseline": _engine_run({}, [[1, 2]]), "pto": _engine_run(ops, [[1, 2]])}
+    seen_env = {}
+    monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
+    monkeypatch.setattr(
+        vllm_verify,
+        "_run_engine",
+        lambda mode, request, env, work: seen_env.setdefault(mode, env) and runs[mode],
+    )
+    report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True, kernel_backend="torch"))
+    assert report.passed and report.exit_code == 0 and report.kernel_backend == "torch"
+    assert "PTO_KERNELS_VLLM_OPS" not in seen_env["baseline"]
+    assert seen_env["pto"]["PTO_KERNELS_VLLM_OPS"] == "rms_norm,mrope,swiglu_mlp"
+    assert seen_env["pto"]["PTO_KERNELS_BACKEND"] == "torch"
