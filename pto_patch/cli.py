@@ -133,13 +133,31 @@ def make_tiny(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite a folder that already holds files.")
     ] = False,
+    hidden_size: Annotated[
+        int | None, typer.Option("--hidden-size", help="Text hidden size (default: the spec's).")
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", help="Text attention heads (default: the spec's).")
+    ] = None,
+    kv_heads: Annotated[
+        int | None, typer.Option("--kv-heads", help="Text key/value heads (default: the spec's).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write a random-weight model of the spec's architecture, offline (for tests and the demo)."""
+    """Write a random-weight model of the spec's architecture, offline (for tests and the demo).
+
+    The MRoPE section is scaled with --hidden-size / --heads (vLLM's CPU attention needs head_dim >= 32:
+    --hidden-size 256 --heads 4 --kv-heads 2)."""
     from pto_patch import render, tiny_model
 
     result = tiny_model.make_tiny(
-        directory, model=model, full_width=full_width, layers=layers, seed=seed, force=force
+        directory,
+        model=model,
+        full_width=full_width,
+        layers=layers,
+        seed=seed,
+        force=force,
+        widths=tiny_model.TextWidths(hidden_size, heads, kv_heads),
     )
     render.show(result, as_json=as_json)
 
@@ -311,14 +329,33 @@ def verify(
     report_file: Annotated[
         Path | None, typer.Option("--report-file", "--report_file", help="Write the JSON report here.")
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="transformers (the patched folder), or vllm (the original folder through vLLM and the pto_kernels plugin).",
+        ),
+    ] = "transformers",
+    multiprocessing: Annotated[
+        bool,
+        typer.Option(
+            "--multiprocessing", help="--engine vllm: vLLM's multi-process engine (default: in-process)."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch import render
     from pto_patch.verify import VerifyOptions, run_verify
+    from pto_patch.vllm_verify import check_engine, run_vllm_verify
 
-    report = run_verify(_options(VerifyOptions, parameters))
+    check_engine(parameters.pop("engine"), multiprocessing)
+    if engine == "vllm":
+        report = run_vllm_verify(parameters)
+    else:
+        parameters.pop("multiprocessing")
+        report = run_verify(_options(VerifyOptions, parameters))
     render.show(report, as_json=as_json)
     raise typer.Exit(report.exit_code)
 

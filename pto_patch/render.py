@@ -251,6 +251,17 @@ def _messages(failures: list[str], warnings: list[str]) -> None:
         err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
 
 
+def _verdict(report) -> None:
+    """A verify report's warnings and failures, where its JSON went, and PASSED or FAILED."""
+    _messages(report.failures, report.warnings)
+    if report.report_file:
+        out.print(f"  report written to {report.report_file}")
+    if report.passed:
+        out.print("[bold green]PASSED[/]", markup=True)
+    else:
+        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+
+
 def _verify_text(report) -> None:
     source = report.input
     what = f"image {source.get('image')}" if source["kind"] == "image" else f"prompt {source['prompt']!r}"
@@ -280,13 +291,45 @@ def _verify_text(report) -> None:
         _accuracy(report.accuracy)
     elif source.get("baseline_text") is not None:
         out.print(f"  baseline text: {source['baseline_text']!r}")
-    _messages(report.failures, report.warnings)
-    if report.report_file:
-        out.print(f"  report written to {report.report_file}")
-    if report.passed:
-        out.print("[bold green]PASSED[/]", markup=True)
-    else:
-        out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
+    _verdict(report)
+
+
+def _vllm_verify_text(report) -> None:
+    source = report.input
+    what = f"image {source['image']}" if source["kind"] == "image" else f"prompt {source['prompt']!r}"
+    engine = "multi-process" if report.multiprocessing else "in-process"
+    mode = "compiled" if report.compiled else "eager"
+    out.print(f"verify --engine vllm {report.model_path}")
+    out.print(
+        f"  vLLM {report.vllm_version} on {report.device}, {report.dtype}, {engine} engine, {mode}; {what}, "
+        f"{source['prompt_tokens']} prompt tokens, batch {source['batch']}, {source['output_length']} new tokens"
+    )
+    modes = [("baseline", report.baseline)] + ([("pto", report.pto)] if report.pto else [])
+    table = Table("", *(name for name, _ in modes))
+    for label, key in (("load (s)", "load_s"), ("latency (s)", "latency_s"), ("tokens / s", "tokens_per_s")):
+        table.add_row(label, *(_fmt(run.get(key), 3) for _, run in modes))
+    table.add_row("worker pids", *(", ".join(map(str, run["worker_pids"])) for _, run in modes))
+    out.print(table)
+    if report.pto is not None:
+        out.print(f"  pto_kernels from {report.pto_kernels_path} (backend {report.kernel_backend})")
+        ops = Table("op", "switched on", "calls (all workers)", "backends", "fallbacks")
+        for op, entry in report.pto["ops"].items():
+            backends = ", ".join(f"{name} {calls}" for name, calls in entry["backends"].items()) or "-"
+            ops.add_row(
+                op,
+                "yes" if op in report.switched_on else "no",
+                str(entry["calls"]),
+                backends,
+                str(entry["fallbacks"]),
+            )
+        out.print(ops)
+        layers = ", ".join(f"{key} {n['pto']}/{n['built']}" for key, n in report.pto["layers"].items())
+        out.print(f"  vLLM layers running pto_kernels: {layers or 'none'}")
+        acc = report.accuracy
+        out.print(
+            f"  greedy tokens: {acc['token_match_rate']:.1%} agree ({'equal' if acc['tokens_equal'] else 'differ'})"
+        )
+    _verdict(report)
 
 
 def _compilation(description: str | None, compilation) -> None:
@@ -458,6 +501,7 @@ TEXT: dict[str, Callable[[Any], None]] = {
     "DownloadResult": _download_text,
     "SkillInstallResult": _skill_install_text,
     "VerifyReport": _verify_text,
+    "VllmVerifyReport": _vllm_verify_text,
     "BenchResult": _bench_text,
     "DemoResult": _demo_text,
     "TuneResult": _tune_text,

@@ -151,20 +151,58 @@ class _Sizes:
         return self.hidden // self.heads
 
 
-def _sizes(spec: ModelSpec, full_width: bool, layers: int | None) -> _Sizes:
+@dataclass(frozen=True)
+class TextWidths:
+    """make-tiny's overrides of the spec table's text widths (None: the table's). vLLM's CPU attention,
+    for one, takes head_dim 32, 64, 80, ... only: `--hidden-size 256 --heads 4` gives 64."""
+
+    hidden_size: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+
+
+def _section_for(section: tuple[int, ...], head_dim: int, where: str) -> tuple[int, ...]:
+    """The table's MRoPE section scaled to another head_dim, in the same proportions ([2, 3, 3] -> [8, 12, 12])."""
+    half, total = head_dim // 2, sum(section)
+    if head_dim % 2 or half % total:
+        raise SpecError(
+            f"{where}: head_dim {head_dim} does not take mrope_section {list(section)} scaled evenly",
+            f"pick --hidden-size / --heads so that head_dim / 2 is a multiple of {total}",
+            exit_code=EXIT_USAGE,
+        )
+    return tuple(part * (half // total) for part in section)
+
+
+def _sizes(
+    spec: ModelSpec, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()
+) -> _Sizes:
     table_name = "full_width" if full_width else "tiny"
     table = spec.full_width if full_width else spec.tiny
     where = f"model spec {spec.source_path or spec.name}, '{table_name}'"
+    for flag, value in (
+        ("--hidden-size", widths.hidden_size),
+        ("--heads", widths.heads),
+        ("--kv-heads", widths.kv_heads),
+    ):
+        if value is not None and value < 1:
+            raise SpecError(
+                f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more", exit_code=EXIT_USAGE
+            )
     try:
         text, vision = table["text"], table["vision"]
         default_layers = text.get("num_hidden_layers", FULL_WIDTH_DEFAULT_LAYERS)
+        hidden = int(widths.hidden_size or text["hidden_size"])
+        heads = int(widths.heads or text["num_attention_heads"])
+        section = tuple(int(x) for x in text["mrope_section"])
+        if widths != TextWidths() and hidden % heads == 0:
+            section = _section_for(section, hidden // heads, where)
         sizes = _Sizes(
-            hidden=int(text["hidden_size"]),
+            hidden=hidden,
             intermediate=int(text["intermediate_size"]),
             layers=int(layers if layers is not None else default_layers),
-            heads=int(text["num_attention_heads"]),
-            kv_heads=int(text["num_key_value_heads"]),
-            mrope_section=tuple(int(x) for x in text["mrope_section"]),
+            heads=heads,
+            kv_heads=int(widths.kv_heads or text["num_key_value_heads"]),
+            mrope_section=section,
             vision_depth=int(vision["depth"]),
             vision_hidden=int(vision["hidden_size"]),
             vision_intermediate=int(vision["intermediate_size"]),
@@ -452,9 +490,9 @@ class _Plan:
     vocab_size: int
 
 
-def _plan(model: str, full_width: bool, layers: int | None) -> _Plan:
+def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()) -> _Plan:
     spec = load_spec(model)
-    sizes = _sizes(spec, full_width, layers)
+    sizes = _sizes(spec, full_width, layers, widths)
     tokenizer = _build_tokenizer()
     token_ids = {token: tokenizer.token_to_id(token) for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS}
     vocab_size = math.ceil(tokenizer.get_vocab_size(with_added_tokens=True) / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
@@ -483,13 +521,14 @@ def make_tiny(
     layers: int | None = None,
     seed: int = 0,
     force: bool = False,
+    widths: TextWidths = TextWidths(),
 ) -> TinyModelResult:
     """Write a random-weight model of `model`'s architecture into `directory` (created if missing).
 
     A folder that already holds files is refused unless `force`: pointed at a real download by
     mistake, make-tiny would replace its config.json and weights with random ones.
     """
-    plan = _plan(model, full_width, layers)
+    plan = _plan(model, full_width, layers, widths)
     folder = Path(directory).expanduser().resolve()
     if state_before_writing(folder) != NONE:  # applied, or an apply that stopped half-way
         raise ModelFolderError(

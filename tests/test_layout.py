@@ -47,7 +47,7 @@ def test_no_module_is_longer_than_the_limit():
 
 def test_one_renderer_knows_every_command_result():
     """`render.show` picks text or JSON for every result a command returns; nothing else prints them."""
-    from pto_patch import download, engine, model_catalog, render, report, skill, tiny_model
+    from pto_patch import download, engine, model_catalog, render, report, skill, tiny_model, vllm_verify
 
     results = (
         engine.ApplyResult,
@@ -61,6 +61,7 @@ def test_one_renderer_knows_every_command_result():
         report.BenchResult,
         report.DemoResult,
         report.TuneResult,
+        vllm_verify.VllmVerifyReport,
     )
     assert set(render.TEXT) == {result.__name__ for result in results}
     cli_source = (PACKAGE / "cli.py").read_text(encoding="utf-8")

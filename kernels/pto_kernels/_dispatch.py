@@ -25,6 +25,9 @@ _ENTRY_OP = {
     "mrope_mixed": "mrope",
     "swiglu_mlp": "swiglu_mlp",
     "swiglu_mlp_weights": "swiglu_mlp",
+    # a serving engine's own layers (serving_ops.py): the residual RMSNorm, the SwiGLU activation alone
+    "add_rms_norm": "rms_norm",
+    "silu_and_mul": "swiglu_mlp",
 }
 
 
@@ -130,7 +133,15 @@ def _module(backend: str) -> ModuleType:
 
 
 # kernel entry -> the position of the tensor whose device decides the route under "auto"
-_DEVICE_ARG = {"rms_norm": 0, "mrope": 0, "mrope_mixed": 0, "swiglu_mlp": 1, "swiglu_mlp_weights": 0}
+_DEVICE_ARG = {
+    "rms_norm": 0,
+    "mrope": 0,
+    "mrope_mixed": 0,
+    "swiglu_mlp": 1,
+    "swiglu_mlp_weights": 0,
+    "add_rms_norm": 0,
+    "silu_and_mul": 0,
+}
 
 
 def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Callable:

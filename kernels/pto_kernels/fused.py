@@ -132,3 +132,19 @@ def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     g = act(F.linear(hidden_states, gate.weight, gate.bias))
     g.mul_(F.linear(hidden_states, up.weight, up.bias))
     return F.linear(g, down.weight, down.bias)
+
+
+def add_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    """The residual sum in fp32 once, then the fused normalisation, in the reference's order (same bits)."""
+    if weight.dim() != 1 or hidden_states.numel() > RMS_NORM_FUSED_MAX_ELEMENTS:
+        return reference.add_rms_norm(hidden_states, residual, weight, eps)
+    summed = hidden_states.to(torch.float32) + residual.to(torch.float32)
+    normed = F.rms_norm(summed, (summed.shape[-1],), None, eps)
+    return weight * normed.to(hidden_states.dtype), summed.to(hidden_states.dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up with the product written into the activation's output: one temporary fewer."""
+    half = gate_up.shape[-1] // 2
+    out = F.silu(gate_up[..., :half])
+    return out.mul_(gate_up[..., half:])

@@ -56,3 +56,16 @@ def swiglu_mlp(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
     return swiglu_mlp_weights(
         hidden_states, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
     )
+
+
+def add_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    # npu_add_rms_norm returns (normed, rstd, x + residual): the add and the norm in one kernel.
+    out_dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
+    y, _rstd, summed = _torch_npu().npu_add_rms_norm(
+        hidden_states, residual.to(hidden_states.dtype), weight.to(hidden_states.dtype), epsilon=eps
+    )
+    return y.to(out_dtype), summed
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return _torch_npu().npu_swiglu(gate_up, dim=-1)

@@ -496,3 +496,18 @@ def swiglu_mlp_weights(hidden_states, gate_weight, gate_bias, up_weight, up_bias
         raise ValueError("pypto SwiGLU kernel takes bias-free projections")
     weights = (w.detach().to(hidden_states.dtype).contiguous() for w in (gate_weight, up_weight, down_weight))
     return _run_swiglu_mlp(hidden_states, *weights)
+
+
+# --- entries for serving engines' own layers (vLLM) ---------------------------------------------------
+
+
+def add_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    """The residual sum in torch (fp32, rounded to the input dtype), then the RMSNorm kernel on it."""
+    summed = (hidden_states.to(torch.float32) + residual.to(torch.float32)).to(hidden_states.dtype)
+    return rms_norm(summed, weight, eps), summed
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """No PyPTO kernel for the activation alone (the MLP kernel fuses it with its matmuls): the fused
+    torch path."""
+    return fused.silu_and_mul(gate_up)

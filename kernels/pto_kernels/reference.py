@@ -85,3 +85,23 @@ def swiglu_mlp_weights(
     """swiglu_mlp of a SiLU MLP given its weights (the form the pto_kernels::swiglu_mlp op takes)."""
     gate = F.silu(F.linear(hidden_states, gate_weight, gate_bias))
     return F.linear(gate * F.linear(hidden_states, up_weight, up_bias), down_weight, down_bias)
+
+
+def add_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual form of RMSNorm that serving engines call between layers (vLLM's `RMSNorm(x,
+    residual)`): the sum x + residual is taken in fp32 and normalised, and handed back in x's dtype as
+    the next residual. Returns (normed, sum)."""
+    input_dtype = hidden_states.dtype
+    summed = hidden_states.to(torch.float32) + residual.to(torch.float32)
+    variance = summed.pow(2).mean(-1, keepdim=True)
+    normed = summed * torch.rsqrt(variance + eps)
+    return weight * normed.to(input_dtype), summed.to(input_dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU activation on a merged gate/up projection: silu(first half) * second half of the last
+    dim (what a serving engine runs between its merged gate_up matmul and down_proj)."""
+    half = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :half]) * gate_up[..., half:]

@@ -19,6 +19,12 @@ def make_module() -> types.ModuleType:
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)
         return (xf * rstd * gamma.float()).to(x.dtype), rstd
 
+    def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+        mod.calls["npu_add_rms_norm"] += 1
+        summed = x1.float() + x2.float()
+        rstd = torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + epsilon)
+        return (summed * rstd * gamma.float()).to(x1.dtype), rstd, summed.to(x1.dtype)
+
     def npu_swiglu(x, dim=-1):
         mod.calls["npu_swiglu"] += 1
         a, b = x.chunk(2, dim=dim)
@@ -36,6 +42,7 @@ def make_module() -> types.ModuleType:
         raise NotImplementedError("stand-in: npu_mrope is not used by pto_kernels")
 
     mod.npu_rms_norm = npu_rms_norm
+    mod.npu_add_rms_norm = npu_add_rms_norm
     mod.npu_swiglu = npu_swiglu
     mod.npu_rotary_mul = npu_rotary_mul
     mod.npu_mrope = npu_mrope
