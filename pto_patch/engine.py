@@ -461,7 +461,7 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
 
 
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
-    from pto_patch.codemods import find_injections
+    from pto_patch.injections_found import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
