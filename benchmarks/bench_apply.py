@@ -78,7 +78,7 @@ def engine_only(template: Path, work: Path, rounds: int) -> dict[str, list[float
         folder = work / f"engine{round_index}"
         shutil.copytree(template, folder)
         started = time.perf_counter()
-        engine.apply_patch(model_path=folder)
+        engine.apply_patch(model_path=folder, use_cache=False)
         times["engine_apply_s"].append(time.perf_counter() - started)
         started = time.perf_counter()
         engine.restore_model(model_path=folder)

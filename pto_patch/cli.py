@@ -83,12 +83,23 @@ def apply(
             help="Leave the model folder untouched: write the patched files here, with links to the rest.",
         ),
     ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Rewrite the code afresh: neither read nor write the rewrite cache."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite the model folder's code so the chosen ops dispatch to pto_kernels."""
     from pto_patch import engine, render
 
-    result = engine.apply_patch(model=model, model_path=model_path, ops=ops, dry_run=dry_run, overlay=overlay)
+    result = engine.apply_patch(
+        model=model,
+        model_path=model_path,
+        ops=ops,
+        dry_run=dry_run,
+        overlay=overlay,
+        use_cache=not no_cache,
+    )
     render.show(result, as_json=as_json)
 
 

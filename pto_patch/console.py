@@ -33,6 +33,11 @@ def print_json(document: Any) -> None:
     sys.stdout.flush()
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (a diagnostic: stdout keeps its one result)."""
+    err.print(f"[yellow]warning:[/] {escape(message)}", markup=True, highlight=False)
+
+
 def report_error(exc: BaseException, *, as_json: bool = False) -> int:
     """Render `exc` as one line plus a hint; return the exit code to use."""
     if isinstance(exc, PtoPatchError):
