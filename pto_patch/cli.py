@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from pto_patch import __version__
+from pto_patch.cli_values import PlainValuesGroup
 from pto_patch.console import print_json, report_error
 
 try:  # recent typer releases vendor click
@@ -21,6 +22,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
 app = typer.Typer(
+    cls=PlainValuesGroup,
     name="pto-patch",
     help="Patch Qwen2.5-VL models (GutenOCR-3B) so RMSNorm, MRoPE and the SwiGLU MLP dispatch to "
     "fused PyPTO kernels; verify it, and restore every byte.",
@@ -448,6 +450,7 @@ def tune(
 # --- skill ------------------------------------------------------------------------------------------
 
 skill_app = typer.Typer(
+    cls=PlainValuesGroup,
     help="The pto-patch agent skill (SKILL.md, references/, scripts/) for coding agents.",
     no_args_is_help=True,
     rich_markup_mode=None,
