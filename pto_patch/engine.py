@@ -38,6 +38,7 @@ from pto_patch.manifest import (
     parent_escapes,
 )
 from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.patch_context import PatchContext
 from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
 from pto_patch.rewrite_cache import RewriteCache, cache_dir
@@ -197,8 +198,6 @@ def plan_patch(
     With `cache`, a rewrite done before with byte-identical inputs is reused (rewrite_cache.py), and
     with `save_to_cache` a new one is kept there.
     """
-    from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
-
     config = read_model_config(folder, spec)
     sources = locate_sources(folder, spec)
     modeling_bytes = sources.modeling.read_bytes()
@@ -210,14 +209,17 @@ def plan_patch(
         source_sha256=sha256_bytes(modeling_bytes),
     )
 
-    def rewritten(kind: str, path: Path, data: bytes, rewrite) -> str:
-        run = lambda: _rewritten(folder, path, data, rewrite, context)  # noqa: E731
+    def rewritten(kind: str, path: Path, data: bytes) -> str:
+        def run() -> str:
+            from pto_patch import codemods  # libcst: only for a rewrite the cache does not hold
+
+            rewrite = codemods.rewrite_modeling if kind == "modeling" else codemods.rewrite_configuration
+            return _rewritten(folder, path, data, rewrite, context)
+
         return run() if cache is None else cache.rewritten(kind, data, context, run, save=save_to_cache)
 
-    modeling = rewritten("modeling", sources.modeling, modeling_bytes, rewrite_modeling)
-    configuration = rewritten(
-        "configuration", sources.configuration, sources.configuration.read_bytes(), rewrite_configuration
-    )
+    modeling = rewritten("modeling", sources.modeling, modeling_bytes)
+    configuration = rewritten("configuration", sources.configuration, sources.configuration.read_bytes())
     new_data = fixed_config(config, spec)
     new_config = render_config(new_data, config.raw_bytes)
 

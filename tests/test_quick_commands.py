@@ -1,6 +1,7 @@
-"""Commands that rewrite nothing import nothing heavy: --help, status, restore and models load no
-libcst, torch, transformers, pydantic, huggingface_hub or run library, and --help and --json output
-no rich. Each command runs in a fresh interpreter, which reports the modules it ended up with.
+"""Commands that rewrite nothing import nothing heavy: --help, status, restore, models and an apply
+whose rewrites the cache holds load no libcst, torch, transformers, pydantic, huggingface_hub or run
+library, and --help and --json output no rich. Each command runs in a fresh interpreter, which
+reports the modules it ended up with.
 
 (Their speed is measured in benchmarks/bench_apply.py, never asserted here.)
 """
@@ -90,6 +91,20 @@ def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patc
         if args == ["--help"] or "--json" in args:
             assert heavy(modules, ("rich",)) == [], args
     assert not (patched / ".pto_patch").exists()  # restore ran, and restored
+
+
+def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: Path):
+    """`patched` filled the cache; a first rewrite needs libcst, a seen one does not."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    write_config(seen, HUB_CONFIG)
+    assert heavy(modules_after(tmp_path, ["apply", "--json", "--model-path", str(seen)])) == []
+    assert (seen / ".pto_patch" / "manifest.json").is_file()
+    other = tmp_path / "other-ops"
+    other.mkdir()
+    write_config(other, HUB_CONFIG)
+    rewrote = modules_after(tmp_path, ["apply", "--json", "--ops", "mrope", "--model-path", str(other)])
+    assert heavy(rewrote) == ["libcst", "pto_patch.codemods"]
 
 
 def test_the_check_sees_an_import_made_eager(tmp_path: Path, patched: Path):
