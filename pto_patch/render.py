@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from pto_patch.console import err, escape, out, print_json
-from pto_patch.report import DEMO_TIMING_NOTE, json_document, ratio_of
 
 
 def _table(**options):
@@ -25,6 +24,8 @@ def _table(**options):
 def show(result: Any, *, as_json: bool) -> None:
     """Print one command's result: exactly one JSON document, or text."""
     if as_json:
+        from pto_patch.report import json_document  # text output never needs the report module
+
         print_json(json_document(result))
     else:
         TEXT[type(result).__name__](result)
@@ -38,6 +39,8 @@ def demo_progress(result: Any, step: str, seconds: float, *, as_json: bool) -> N
     out.rule(f"{step} ({seconds:.1f} s)")
     show(result, as_json=False)
     if type(result).__name__ == "VerifyReport":
+        from pto_patch.report import DEMO_TIMING_NOTE
+
         out.print(f"[yellow]note:[/] {DEMO_TIMING_NOTE}", markup=True, highlight=False)
 
 
@@ -327,6 +330,8 @@ def _dynamic_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _timing_table(report) -> None:
+    from pto_patch.report import ratio_of
+
     base, pto, ratios = report.baseline, report.pto, report.ratios()
     table = _table(title="timing (mean over the timed runs, after warm-up)", title_justify="left")
     table.add_column("metric")
