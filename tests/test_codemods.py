@@ -138,37 +138,24 @@ def test_rename_classes_renames_definitions_references_and_class_name_lists(ctx)
 
 
 def test_rename_classes_reaches_names_in_fstrings_and_nested_scopes_only(ctx):
-    before = """\
-        class Qwen2MLP:
+    # CLASS stands for the renamed class; the literal Qwen2MLP (a string, another name) stays
+    source = """\
+        class CLASS:
             pass
 
 
         if True:
             try:
-                label = f"{Qwen2MLP.__name__}: {'Qwen2MLP'}"
+                label = f"{CLASS.__name__}: {'Qwen2MLP'}"
             except Exception as Qwen2MLP_error:
-                raise TypeError(Qwen2MLP) from Qwen2MLP_error
+                raise TypeError(CLASS) from Qwen2MLP_error
 
 
-        def make(Qwen2MLP=Qwen2MLP):
-            return lambda: [Qwen2MLP for _ in range(1)]
+        def make(CLASS=CLASS):
+            return lambda: [CLASS for _ in range(1)]
         """
-    after = """\
-        class GutenOcr3BMLP:
-            pass
-
-
-        if True:
-            try:
-                label = f"{GutenOcr3BMLP.__name__}: {'Qwen2MLP'}"
-            except Exception as Qwen2MLP_error:
-                raise TypeError(GutenOcr3BMLP) from Qwen2MLP_error
-
-
-        def make(GutenOcr3BMLP=GutenOcr3BMLP):
-            return lambda: [GutenOcr3BMLP for _ in range(1)]
-        """
-    assert run(RenameClasses(), before, ctx) == dedent(after)
+    before, after = (dedent(source).replace("CLASS", name) for name in ("Qwen2MLP", "GutenOcr3BMLP"))
+    assert run(RenameClasses(), before, ctx) == after
 
 
 def test_rename_rebuilds_only_the_statements_it_changes(ctx):
