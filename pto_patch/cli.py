@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from pto_patch import __version__
+from pto_patch.cli_values import PlainValuesGroup
 from pto_patch.console import print_json, report_error
 
 try:  # recent typer releases vendor click
@@ -21,6 +22,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as click_exceptions
 
 app = typer.Typer(
+    cls=PlainValuesGroup,
     name="pto-patch",
     help="Patch Qwen2.5-VL models (GutenOCR-3B) so RMSNorm, MRoPE and the SwiGLU MLP dispatch to "
     "fused PyPTO kernels; verify it, and restore every byte.",
@@ -83,12 +85,23 @@ def apply(
             help="Leave the model folder untouched: write the patched files here, with links to the rest.",
         ),
     ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Rewrite the code afresh: neither read nor write the rewrite cache."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite the model folder's code so the chosen ops dispatch to pto_kernels."""
     from pto_patch import engine, render
 
-    result = engine.apply_patch(model=model, model_path=model_path, ops=ops, dry_run=dry_run, overlay=overlay)
+    result = engine.apply_patch(
+        model=model,
+        model_path=model_path,
+        ops=ops,
+        dry_run=dry_run,
+        overlay=overlay,
+        use_cache=not no_cache,
+    )
     render.show(result, as_json=as_json)
 
 
@@ -474,6 +487,7 @@ def tune(
 # --- skill ------------------------------------------------------------------------------------------
 
 skill_app = typer.Typer(
+    cls=PlainValuesGroup,
     help="The pto-patch agent skill (SKILL.md, references/, scripts/) for coding agents.",
     no_args_is_help=True,
     rich_markup_mode=None,

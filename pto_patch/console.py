@@ -10,17 +10,39 @@ import json
 import os
 import sys
 import traceback
+from functools import cached_property
 from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
 
 from pto_patch.errors import EXIT_ERROR, PtoPatchError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
 DEBUG_ENV = "PTO_PATCH_DEBUG"
+
+
+class _Console:
+    """The rich console for stdout or stderr, made on first use: `--help` and `--json` output never
+    import rich."""
+
+    def __init__(self, stderr: bool):
+        self._stderr = stderr
+
+    @cached_property
+    def rich_console(self):
+        from rich.console import Console
+
+        return Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+
+    def __getattr__(self, name: str):
+        return getattr(self.rich_console, name)
+
+
+out = _Console(stderr=False)
+err = _Console(stderr=True)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def debug_enabled() -> bool:
@@ -31,6 +53,11 @@ def print_json(document: Any) -> None:
     """Print exactly one JSON document on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (a diagnostic: stdout keeps its one result)."""
+    err.print(f"[yellow]warning:[/] {escape(message)}", markup=True, highlight=False)
 
 
 def report_error(exc: BaseException, *, as_json: bool = False) -> int:

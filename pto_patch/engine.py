@@ -38,8 +38,10 @@ from pto_patch.manifest import (
     parent_escapes,
 )
 from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.patch_context import PatchContext
 from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
+from pto_patch.rewrite_cache import RewriteCache, cache_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
 from pto_patch.tuning_file import tuning_status
 
@@ -177,10 +179,25 @@ def _kernel_package_files() -> list[tuple[str, bytes]]:
     return files
 
 
-def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[list[PlannedFile], dict]:
-    """Every file apply will write, computed in memory; raises before anything is written."""
-    from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
+def rewrite_cache(use_cache: bool) -> RewriteCache | None:
+    """The user's rewrite cache (warnings on stderr), or None for `--no-cache`."""
+    from pto_patch.console import warn
 
+    return RewriteCache(cache_dir(), warn) if use_cache else None
+
+
+def plan_patch(
+    folder: Path,
+    spec: ModelSpec,
+    ops: tuple[str, ...],
+    cache: RewriteCache | None = None,
+    save_to_cache: bool = True,
+) -> tuple[list[PlannedFile], dict]:
+    """Every file apply will write, computed in memory; raises before anything is written.
+
+    With `cache`, a rewrite done before with byte-identical inputs is reused (rewrite_cache.py), and
+    with `save_to_cache` a new one is kept there.
+    """
     config = read_model_config(folder, spec)
     sources = locate_sources(folder, spec)
     modeling_bytes = sources.modeling.read_bytes()
@@ -191,10 +208,18 @@ def plan_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...]) -> tuple[lis
         tool_version=__version__,
         source_sha256=sha256_bytes(modeling_bytes),
     )
-    modeling = _rewritten(folder, sources.modeling, modeling_bytes, rewrite_modeling, context)
-    configuration = _rewritten(
-        folder, sources.configuration, sources.configuration.read_bytes(), rewrite_configuration, context
-    )
+
+    def rewritten(kind: str, path: Path, data: bytes) -> str:
+        def run() -> str:
+            from pto_patch import codemods  # libcst: only for a rewrite the cache does not hold
+
+            rewrite = codemods.rewrite_modeling if kind == "modeling" else codemods.rewrite_configuration
+            return _rewritten(folder, path, data, rewrite, context)
+
+        return run() if cache is None else cache.rewritten(kind, data, context, run, save=save_to_cache)
+
+    modeling = rewritten("modeling", sources.modeling, modeling_bytes)
+    configuration = rewritten("configuration", sources.configuration, sources.configuration.read_bytes())
     new_data = fixed_config(config, spec)
     new_config = render_config(new_data, config.raw_bytes)
 
@@ -326,16 +351,21 @@ def apply_patch(
     ops: str | tuple[str, ...] | None = None,
     dry_run: bool = False,
     overlay: Path | str | None = None,
+    use_cache: bool = True,
 ) -> ApplyResult:
-    """Patch the model folder in place, or with `overlay` build a patched overlay there (see overlay.py)."""
+    """Patch the model folder in place, or with `overlay` build a patched overlay there (see overlay.py).
+
+    `use_cache` reuses (and keeps) rewrites in the user's rewrite cache; a dry run only reads it.
+    """
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
+    cache = rewrite_cache(use_cache)
     if overlay is not None:
-        return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started)
+        return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started, cache)
     with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
-        return _apply_locked(spec, folder, chosen, dry_run, started)
+        return _apply_locked(spec, folder, chosen, dry_run, started, cache)
 
 
 def _check_writable(folder: Path, command: str) -> None:
@@ -346,7 +376,14 @@ def _check_writable(folder: Path, command: str) -> None:
         )
 
 
-def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_run: bool, started: float):
+def _apply_locked(
+    spec: ModelSpec,
+    folder: Path,
+    chosen: tuple[str, ...],
+    dry_run: bool,
+    started: float,
+    cache: RewriteCache | None = None,
+):
     rolled_back = False
     state = patch_state(folder)
     if state.state != NONE:
@@ -381,7 +418,7 @@ def _apply_locked(spec: ModelSpec, folder: Path, chosen: tuple[str, ...], dry_ru
                 f"left: {undo.what_is_left(folder)}",
                 "fix the cause (free disk space, permissions), then run `pto-patch restore`",
             ) from exc
-    planned, info = plan_patch(folder, spec, chosen)
+    planned, info = plan_patch(folder, spec, chosen, cache, save_to_cache=not dry_run)
     result = ApplyResult(
         folder=folder,
         spec=spec.name,
@@ -461,7 +498,7 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
 
 
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
-    from pto_patch.codemods import find_injections
+    from pto_patch.injections_found import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +21,40 @@ class ModelSources:
 
 
 def installed_transformers_release() -> str | None:
+    """transformers' installed version, as `importlib.metadata.version` gives it: the `Version:` of
+    the first `transformers-*.dist-info` (or `.egg-info`) on sys.path. Read directly, since importing
+    importlib.metadata (its email parser) costs more than a whole `pto-patch status`; where no such
+    folder is found, importlib.metadata has the last word."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip file, a missing folder
+            continue
+        for name in names:
+            if name.lower().startswith("transformers-") and name.endswith((".dist-info", ".egg-info")):
+                version = _metadata_version(Path(entry or ".") / name)
+                if version is not None:
+                    return version
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _metadata_version(info_dir: Path) -> str | None:
+    for file_name in ("METADATA", "PKG-INFO"):
+        try:
+            with open(info_dir / file_name, encoding="utf-8") as handle:
+                for line in handle:
+                    if line.startswith("Version:"):
+                        return line.removeprefix("Version:").strip()
+                    if not line.strip():  # the headers end at the first blank line
+                        break
+        except OSError:
+            continue
+    return None
 
 
 def installed_transformers_dir() -> Path | None:

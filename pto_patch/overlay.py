@@ -312,7 +312,13 @@ def _existing_overlay(out: Path, source: Path, ops: tuple[str, ...]) -> Manifest
 
 
 def apply_overlay(
-    spec: ModelSpec, source: Path, out: Path | str, chosen: tuple[str, ...], dry_run: bool, started: float
+    spec: ModelSpec,
+    source: Path,
+    out: Path | str,
+    chosen: tuple[str, ...],
+    dry_run: bool,
+    started: float,
+    cache=None,
 ):
     from pto_patch import engine, undo
 
@@ -322,7 +328,7 @@ def apply_overlay(
         existing = _existing_overlay(out, source, chosen)
         if existing is not None:
             return engine.ApplyResult.already_applied_from(out, existing, started, overlay_of=source)
-        planned, info = engine.plan_patch(source, spec, chosen)
+        planned, info = engine.plan_patch(source, spec, chosen, cache, save_to_cache=not dry_run)
         written = {item.path for item in planned}
         result = engine.ApplyResult(
             folder=out,

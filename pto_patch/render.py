@@ -12,16 +12,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
+from pto_patch.console import err, escape, out, print_json
 
-from pto_patch.console import err, out, print_json
-from pto_patch.report import DEMO_TIMING_NOTE, json_document, ratio_of
+
+def _table(**options):
+    from rich.table import Table  # text output only: --json never imports rich
+
+    return Table(**options)
 
 
 def show(result: Any, *, as_json: bool) -> None:
     """Print one command's result: exactly one JSON document, or text."""
     if as_json:
+        from pto_patch.report import json_document  # text output never needs the report module
+
         print_json(json_document(result))
     else:
         TEXT[type(result).__name__](result)
@@ -35,6 +39,8 @@ def demo_progress(result: Any, step: str, seconds: float, *, as_json: bool) -> N
     out.rule(f"{step} ({seconds:.1f} s)")
     show(result, as_json=False)
     if type(result).__name__ == "VerifyReport":
+        from pto_patch.report import DEMO_TIMING_NOTE
+
         out.print(f"[yellow]note:[/] {DEMO_TIMING_NOTE}", markup=True, highlight=False)
 
 
@@ -99,7 +105,7 @@ def _restore_text(result) -> None:
 
 
 def _status_text(result) -> None:
-    table = Table(show_header=False, box=None)
+    table = _table(show_header=False, box=None)
     table.add_row("folder", str(result.folder))
     table.add_row("spec", result.spec)
     if result.state == "in_progress":
@@ -129,7 +135,7 @@ def _status_text(result) -> None:
     out.print(table)
 
 
-def _tuning_rows(table: Table, tuning: dict[str, Any]) -> None:
+def _tuning_rows(table, tuning: dict[str, Any]) -> None:
     table.add_row("tuning", escape(tuning["file"]))
     verdict = "[green]used[/]" if tuning["applies"] else "[red]not used[/]"
     table.add_row("tuning applies", f"{verdict}: {escape(tuning['reason'])}")
@@ -368,7 +374,7 @@ def _dynamic_source(source: dict[str, Any] | None) -> None:
 
 
 def _dynamic_table(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="--use_dynamic_config", title_justify="left")
+    table = _table(title="--use_dynamic_config", title_justify="left")
     table.add_column("op")
     table.add_column("switched on")
     table.add_column("reason")
@@ -378,8 +384,10 @@ def _dynamic_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _timing_table(report) -> None:
+    from pto_patch.report import ratio_of
+
     base, pto, ratios = report.baseline, report.pto, report.ratios()
-    table = Table(title="timing (mean over the timed runs, after warm-up)", title_justify="left")
+    table = _table(title="timing (mean over the timed runs, after warm-up)", title_justify="left")
     table.add_column("metric")
     table.add_column("baseline", justify="right")
     if pto is not None:
@@ -396,7 +404,7 @@ def _timing_table(report) -> None:
 
 
 def _ops_table(ops) -> None:
-    table = Table(title="kernels", title_justify="left")
+    table = _table(title="kernels", title_justify="left")
     for column in ("op", "switched on", "backend", "calls", "fallbacks"):
         table.add_column(column, justify="right" if column in ("calls", "fallbacks") else "left")
     for op, entry in ops.items():
@@ -412,7 +420,7 @@ def _ops_table(ops) -> None:
 
 
 def _accuracy(acc) -> None:
-    table = Table(title="accuracy (PTO vs baseline, same inputs, greedy)", title_justify="left")
+    table = _table(title="accuracy (PTO vs baseline, same inputs, greedy)", title_justify="left")
     table.add_column("check")
     table.add_column("value", justify="right")
     table.add_row("max |logit diff|, first step", f"{acc.max_abs_logit_diff:.4g}")
@@ -426,7 +434,7 @@ def _accuracy(acc) -> None:
 
 def _bench_text(result) -> None:
     out.print(f"bench {result.model_path} on {result.device} ({result.dtype}), input {result.input['kind']}")
-    table = Table(title="baseline vs PTO (mean over the timed runs)", title_justify="left")
+    table = _table(title="baseline vs PTO (mean over the timed runs)", title_justify="left")
     for column in ("batch", "metric", "baseline", "PTO", "difference"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     floor_s = result.floor_s

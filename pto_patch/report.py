@@ -8,7 +8,6 @@ a result as text or as exactly one JSON document. Nothing here imports torch: a 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +106,8 @@ class ModeMetrics:
 
     @property
     def latency_median_s(self) -> float:
+        import statistics  # its import costs more than the quick commands' whole work
+
         return statistics.median(self.latencies_s) if self.latencies_s else self.latency_s
 
     @property

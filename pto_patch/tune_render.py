@@ -19,7 +19,7 @@ def progress(budget_s: float) -> Iterator[Callable[[int, str, float], None]]:
         BarColumn(),
         TextColumn("{task.completed:>5.0f} / {task.total:.0f} s"),
     )
-    with Progress(*columns, console=err, transient=True) as bar:
+    with Progress(*columns, console=err.rich_console, transient=True) as bar:
         task = bar.add_task("loading the model", total=budget_s)
 
         def on_run(batch: int, what: str, elapsed: float) -> None:

@@ -195,12 +195,12 @@ def tuning_status(folder: Path, manifest: Manifest, drifted: tuple[str, ...]) ->
     None where there is no tuning file. The folder's own pto_kernels reads it, as in verify; a folder
     whose patched files drifted is not imported (verify would refuse to run it).
     """
-    from pto_patch.errors import PtoPatchError
-    from pto_patch.run.folder import borrowed_folder_kernels
-
     path = tuning_path(folder)
     if not (path.exists() or path.is_symlink()):
         return None
+    from pto_patch.errors import PtoPatchError
+    from pto_patch.run.folder import borrowed_folder_kernels
+
     shown: dict[str, Any] = {
         "file": str(path),
         "applies": False,

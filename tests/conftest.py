@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.release_sources import ReleaseUnavailable, release_folder
+
+_RUN_CACHE: list[str] = []
+
+
+def pytest_configure(config) -> None:
+    """No test touches the user's rewrite cache: until a test's own folder is set (below), even
+    module- and session-scoped fixtures use one made for this run."""
+    _RUN_CACHE.append(tempfile.mkdtemp(prefix="pto-patch-test-cache-"))
+    os.environ["PTO_PATCH_CACHE"] = _RUN_CACHE[-1]
+
+
+def pytest_unconfigure(config) -> None:
+    for folder in _RUN_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def rewrite_cache_dir(tmp_path_factory, monkeypatch) -> Path:
+    """Each test its own empty rewrite cache (what it caches is its own; subprocesses inherit it)."""
+    folder = tmp_path_factory.mktemp("rewrite-cache")
+    monkeypatch.setenv("PTO_PATCH_CACHE", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

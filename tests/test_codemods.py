@@ -9,15 +9,17 @@ from textwrap import dedent
 import libcst as cst
 import pytest
 
-from pto_patch.codemods import PatchContext, find_injections, rewrite_configuration, rewrite_modeling
+from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
 from pto_patch.codemods.absolute_imports import AbsoluteImports
 from pto_patch.codemods.banner import Banner
 from pto_patch.codemods.checkpoint_conversion import REGISTER_FUNCTION, CheckpointConversion
 from pto_patch.codemods.inject_mrope import InjectMrope
 from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
+from pto_patch.codemods.node_walk import copy_on_write, find_all
 from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
+from pto_patch.injections_found import find_injections
 from pto_patch.spec import load_spec
 
 FILE = "modeling_qwen2_5_vl.py"
@@ -133,6 +135,46 @@ def test_rename_classes_renames_definitions_references_and_class_name_lists(ctx)
         '''
     # Qwen2_5_VLPreTrainedModel is neither defined nor imported from the sibling here: left alone
     assert run(RenameClasses(), before, ctx) == dedent(after)
+
+
+def test_rename_classes_reaches_names_in_fstrings_and_nested_scopes_only(ctx):
+    # CLASS stands for the renamed class; the literal Qwen2MLP (a string, another name) stays
+    source = """\
+        class CLASS:
+            pass
+
+
+        if True:
+            try:
+                label = f"{CLASS.__name__}: {'Qwen2MLP'}"
+            except Exception as Qwen2MLP_error:
+                raise TypeError(CLASS) from Qwen2MLP_error
+
+
+        def make(CLASS=CLASS):
+            return lambda: [CLASS for _ in range(1)]
+        """
+    before, after = (dedent(source).replace("CLASS", name) for name in ("Qwen2MLP", "GutenOcr3BMLP"))
+    assert run(RenameClasses(), before, ctx) == after
+
+
+def test_rename_rebuilds_only_the_statements_it_changes(ctx):
+    """Copy on write: an untouched statement is the very object the parser made (libcst's own
+    transformers rebuild every node, which is what made this pass slow)."""
+    module = cst.parse_module("class Qwen2MLP:\n    pass\n\n\ndef other(x):\n    return x + 1\n")
+    renamed = RenameClasses().transform(module, ctx, FILE)
+    assert renamed.body[0] is not module.body[0] and renamed.body[0].name.value == "GutenOcr3BMLP"
+    assert renamed.body[1] is module.body[1]
+    assert RenameClasses().transform(cst.parse_module("x = 1\n"), ctx, FILE).code == "x = 1\n"
+
+
+def test_node_walk_finds_in_source_order_and_skips_formatting():
+    module = cst.parse_module("a = b(c, d)  # e\n")
+    names = [node.value for node in find_all(module, lambda node: isinstance(node, cst.Name))]
+    assert names == ["a", "b", "c", "d"]
+    assert not find_all(module, lambda node: isinstance(node, cst.Comment | cst.Comma))
+    same = copy_on_write(module, lambda node: node if isinstance(node, cst.Name) else None)
+    assert same is module
 
 
 def test_rename_classes_noop(ctx):
@@ -446,3 +488,18 @@ def test_find_injections_reads_guards_only_at_the_top_of_functions():
     source = "import sys\n\n\ndef f(x):\n    x = 1\n" + guard("USE_PTO_MROPE", "mrope_mixed_wrapper(x)")
     assert find_injections(source) == {}
     assert find_injections(source.replace("    x = 1\n", "")) == {"mrope": ["f"]}
+
+
+def test_find_injections_reads_methods_of_classes_inside_blocks_in_source_order():
+    method = "    def forward(self, x):\n" + guard("USE_PTO_RMS_NORM", "rms_norm_wrapper(x)", "        ")
+    source = (
+        "import sys\n\n\ntry:\n    class A:\n"
+        + "\n".join("    " + line for line in method.splitlines())
+        + "\nexcept ImportError:\n    class B:\n"
+        + "\n".join("    " + line for line in method.splitlines())
+        + "\nelse:\n    class C:\n"
+        + "\n".join("    " + line for line in method.splitlines())
+        + "\n"
+    )
+    assert find_injections(source) == {"rms_norm": ["A", "B", "C"]}
+    assert find_injections(source, {"USE_PTO_MROPE": "mrope"}) == {}

@@ -12,7 +12,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from pto_patch.codemods import PatchContext, find_injections, rewrite_configuration, rewrite_modeling
+from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
+from pto_patch.injections_found import find_injections
 from pto_patch.spec import OPS, load_spec
 from tests.release_sources import FILES, RELEASES, ReleaseUnavailable, installed_folder
 

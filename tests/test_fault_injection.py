@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ from pto_patch.errors import PtoPatchError
 from pto_patch.manifest import MANIFEST_DIR, Manifest
 from tests.folder_snapshot import snapshot
 from tests.robustness_counts import COUNTS
-from tests.test_engine import HUB_CONFIG
+from tests.test_engine import HUB_CONFIG, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PASSING = (errno.ENOSPC, errno.EIO, errno.EACCES)
@@ -132,10 +133,10 @@ def planned_once(monkeypatch):
     plans: dict = {}
     real = engine.plan_patch
 
-    def cached(folder, spec, ops):
+    def cached(folder, spec, ops, *args, **kwargs):
         key = (str(folder), ops)
         if key not in plans:
-            plans[key] = real(folder, spec, ops)
+            plans[key] = real(folder, spec, ops, *args, **kwargs)
         return plans[key]
 
     monkeypatch.setattr(engine, "plan_patch", cached)
@@ -304,3 +305,95 @@ def test_sigkill_at_spread_out_moments(layouts, command: str):
         if layout.state() == "in-progress":
             assert (layout.folder / MANIFEST_DIR).exists()  # the next command knows to roll it back
         recover_and_check(layout, attempt)
+
+
+# --- the rewrite cache: a writer killed or out of disk space never costs the apply ------------------
+
+# pto-patch, SIGKILLed as it renames its Nth rewrite cache entry into place (its text fully written).
+KILLED_SAVING_THE_CACHE = """
+import os, signal, sys
+renames = []
+real_replace = os.replace
+def replace(source, target, *args, **kwargs):
+    if os.sep + "rewrites" + os.sep in os.fspath(target):
+        renames.append(target)
+        if len(renames) == int(sys.argv[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(source, target, *args, **kwargs)
+os.replace = replace
+from pto_patch.cli import main
+main(sys.argv[2:])
+"""
+
+
+def _plain_model(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_bytes(_config_bytes())
+    return folder
+
+
+def _cache_entries(cache: Path) -> list[Path]:
+    return sorted((cache / "rewrites").glob("*")) if (cache / "rewrites").is_dir() else []
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_writer_killed_saving_the_cache_leaves_no_entry_and_no_harm(tmp_path, rewrite_cache_dir, nth: int):
+    reference = _plain_model(tmp_path / "reference")
+    engine.apply_patch(model_path=reference, use_cache=False)
+    folder = _plain_model(tmp_path / "model")
+    original = snapshot(folder)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVING_THE_CACHE, str(nth), "apply", "--model-path", str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    COUNTS["kills"] += 1
+    assert snapshot(folder) == original  # killed while planning: the folder was never touched
+    whole = [p for p in _cache_entries(rewrite_cache_dir) if not p.name.startswith(".")]
+    assert len(whole) == nth - 1  # the entry being renamed never appeared; its temporary is ignored
+    assert any(p.name.startswith(".") for p in _cache_entries(rewrite_cache_dir))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pto_patch", "apply", "--model-path", str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    assert snapshot(folder) == snapshot(reference)
+    assert len([p for p in _cache_entries(rewrite_cache_dir) if not p.name.startswith(".")]) == 2
+    COUNTS["recovered"] += 1
+
+
+def test_a_full_disk_while_saving_the_cache_does_not_fail_the_apply(
+    tmp_path, rewrite_cache_dir, monkeypatch, capsys
+):
+    """The cache's writes hit a real ENOSPC (/dev/full); apply writes the folder all the same."""
+    reference = _plain_model(tmp_path / "reference")
+    engine.apply_patch(model_path=reference, use_cache=False)
+    real_mkstemp = tempfile.mkstemp
+    full: list[str] = []
+
+    def mkstemp(*args, dir=None, **kwargs):
+        fd, name = real_mkstemp(*args, dir=dir, **kwargs)
+        if dir is not None and Path(dir).is_relative_to(rewrite_cache_dir):
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+            full.append(name)
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    folder = _plain_model(tmp_path / "model")
+    assert run_cli("apply", "--model-path", str(folder)) == 0
+    assert len(full) == 2  # both rewrites tried to save, and the disk was full both times
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all("No space left on device" in line for line in warnings), warnings
+    assert snapshot(folder) == snapshot(reference)
+    assert _cache_entries(rewrite_cache_dir) == []  # no entry, and no temporary left behind
+    COUNTS["faults"] += len(full)

@@ -189,3 +189,35 @@ def test_verify_and_bench_wait_for_no_writer(model_folder: Path, command: str, c
         assert f"another pto-patch (pid {holder.process.pid}" in stderr and "Traceback" not in stderr
     finally:
         holder.release()
+
+
+def test_applies_at_once_share_the_rewrite_cache(tmp_path: Path, rewrite_cache_dir: Path):
+    """Three applies of one release at once on three folders: all rewrite and save the same entries
+    together (an empty cache), then three more all reuse them; every folder is what apply writes
+    without a cache, and every entry is whole."""
+    from pto_patch.rewrite_cache import RewriteCache
+
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    write_config(reference, HUB_CONFIG)
+    engine.apply_patch(model_path=reference, use_cache=False)
+    for wave in ("empty cache", "filled cache"):
+        folders = []
+        for index in range(3):
+            folder = tmp_path / f"{wave.split()[0]}{index}"
+            folder.mkdir()
+            write_config(folder, HUB_CONFIG)
+            folders.append(folder)
+        processes = [_cli("apply", "--model-path", str(folder)) for folder in folders]
+        COUNTS["races"] += len(processes)
+        COUNTS["race_rounds"] += 1
+        for process in processes:
+            _, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0 and "warning" not in stderr, (wave, stderr)
+        for folder in folders:
+            assert snapshot(folder) == snapshot(reference), wave
+    warnings: list[str] = []
+    cache = RewriteCache(rewrite_cache_dir, warnings.append)
+    keys = [p.name for p in (rewrite_cache_dir / "rewrites").iterdir() if not p.name.startswith(".")]
+    assert len(keys) == 2 and all(cache.load(key) for key in keys) and warnings == []
+    assert [p.name for p in (rewrite_cache_dir / "rewrites").iterdir() if p.name.startswith(".")] == []

@@ -2,8 +2,8 @@
 
 `rewrite_modeling` and `rewrite_configuration` run the ordered steps of `gather_codemods` on a
 source text and return the new text (line endings kept); any step that cannot find its anchor
-raises `AnchorNotFoundError` and nothing is returned. `find_injections` reports which guards a
-source holds.
+raises `AnchorNotFoundError` and nothing is returned. Which guards a source holds is
+`pto_patch.injections_found` (stdlib `ast`, no libcst).
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ from pto_patch.codemods.absolute_imports import AbsoluteImports
 from pto_patch.codemods.banner import Banner
 from pto_patch.codemods.checkpoint_conversion import CheckpointConversion
 from pto_patch.codemods.context import Codemod, PatchContext
-from pto_patch.codemods.guards import GuardFinder
 from pto_patch.codemods.inject_mrope import InjectMrope
 from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
 from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
-from pto_patch.spec import OPS, SWITCHES
+from pto_patch.spec import OPS
 
 __all__ = [
     "PatchContext",
-    "find_injections",
     "gather_codemods",
     "rewrite_configuration",
     "rewrite_modeling",
@@ -92,19 +90,3 @@ def rewrite_configuration(source: str, ctx: PatchContext) -> str:
     """The patched configuration file for `source` (transformers' configuration_qwen2_5_vl.py text)."""
     ctx = dataclasses.replace(ctx, source_sha256=_sha256(source))
     return _run(source, ctx, ctx.spec.configuration_file, gather_codemods(ctx, configuration=True))
-
-
-def find_injections(source: str, switches: dict[str, str] | None = None) -> dict[str, list[str]]:
-    """{op: [target]} for every guard in `source`; a target is the class of a method or a function name.
-
-    `switches` maps switch names to ops (default: `spec.SWITCHES`, every op); guards with other
-    switches are left out.
-    """
-    switches = switches or {switch: op for op, switch in SWITCHES.items()}
-    finder = GuardFinder()
-    cst.parse_module(source).visit(finder)
-    found: dict[str, list[str]] = {}
-    for switch, targets in finder.found.items():
-        if switch in switches:
-            found.setdefault(switches[switch], []).extend(targets)
-    return found

@@ -23,6 +23,7 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from pto_patch.codemods.context import PatchContext
+from pto_patch.codemods.node_walk import copy_on_write
 from pto_patch.errors import AnchorNotFoundError
 
 
@@ -34,46 +35,53 @@ def dotted_name(name: str) -> cst.Attribute | cst.Name:
     return node
 
 
-class AbsoluteImportsTransformer(cst.CSTTransformer):
+class ImportResolver:
     """Resolves every relative `from` import against `package`, except those of `keep_relative`."""
 
     def __init__(self, package: str, keep_relative: frozenset[str]):
-        super().__init__()
         self.package = package.split(".")
         self.keep_relative = keep_relative
         self.too_deep: list[str] = []
 
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        # imports are statements: skip the expression trees of every other line
-        return any(isinstance(small, cst.ImportFrom) for small in node.body)
+    def rewrite(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """For node_walk.copy_on_write: imports are statements, so expressions are never entered."""
+        if isinstance(node, cst.ImportFrom):
+            return self.resolved(node)
+        if isinstance(node, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            return None if any(isinstance(small, cst.ImportFrom) for small in node.body) else node
+        if isinstance(node, EXPRESSION_PARTS):
+            return node
+        return None
 
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        level = len(original_node.relative)
+    def resolved(self, node: cst.ImportFrom) -> cst.ImportFrom:
+        level = len(node.relative)
         if level == 0:
-            return updated_node
-        module = get_full_name_for_node(original_node.module) if original_node.module else None
+            return node
+        module = get_full_name_for_node(node.module) if node.module else None
         if level == 1 and module in self.keep_relative:
-            return updated_node
+            return node
         if level > len(self.package):
             self.too_deep.append("." * level + (module or ""))
-            return updated_node
+            return node
         parts = self.package[: len(self.package) - (level - 1)] + (module.split(".") if module else [])
-        return updated_node.with_changes(
+        return node.with_changes(
             relative=(), module=dotted_name(".".join(parts)), whitespace_after_from=cst.SimpleWhitespace(" ")
         )
+
+
+# What a compound statement holds besides its blocks: none of it can hold an import.
+EXPRESSION_PARTS = (cst.BaseExpression, cst.Decorator, cst.Parameters, cst.Annotation, cst.Arg, cst.WithItem)
 
 
 class AbsoluteImports:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         spec = ctx.spec
         sibling = spec.configuration_file.removesuffix(".py")
-        transformer = AbsoluteImportsTransformer(
-            f"transformers.models.{spec.transformers_model_dir}", frozenset({sibling})
-        )
-        result = module.visit(transformer)
-        if transformer.too_deep:
+        resolver = ImportResolver(f"transformers.models.{spec.transformers_model_dir}", frozenset({sibling}))
+        result = copy_on_write(module, resolver.rewrite)
+        if resolver.too_deep:
             raise AnchorNotFoundError(
-                f"{ctx.where(file_name)} imports {', '.join(transformer.too_deep)}, "
+                f"{ctx.where(file_name)} imports {', '.join(resolver.too_deep)}, "
                 "above the transformers package",
                 "the source file is not transformers' own; point pto-patch at an unmodified release",
             )

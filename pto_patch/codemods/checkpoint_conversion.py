@@ -28,34 +28,32 @@ Must run before rename_classes, which needs the original names to still be in th
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from pto_patch.codemods.context import PatchContext
 from pto_patch.codemods.injection_templates import PlaceholderSubstituter, template_body
+from pto_patch.codemods.node_walk import outer_statements
 from pto_patch.errors import AnchorNotFoundError
 
 TEMPLATE = "checkpoint_conversion"
 PLACEHOLDER = "RENAMED_CLASSES"
 REGISTER_FUNCTION = "_pto_patch_keep_checkpoint_conversions"
 MODEL_BASE = "PreTrainedModel"
-ALREADY_ADDED = m.FunctionDef(name=m.Name(REGISTER_FUNCTION))
 
 
-class PreTrainedModelClasses(cst.CSTVisitor):
+def pretrained_model_classes(module: cst.Module) -> list[str]:
     """Facts only: module-level classes deriving (in this file) from PreTrainedModel, in order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.classes: list[str] = []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        known = {MODEL_BASE, *self.classes}
+    classes: list[str] = []
+    for node in outer_statements(module):
+        if not isinstance(node, cst.ClassDef):
+            continue
+        known = {MODEL_BASE, *classes}
         if any(isinstance(base.value, cst.Name) and base.value.value in known for base in node.bases):
-            self.classes.append(node.name.value)
-        return False
+            classes.append(node.name.value)
+    return classes
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
+
+def _is_register_function(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.FunctionDef) and statement.name.value == REGISTER_FUNCTION
 
 
 def _line_break(indent: str) -> cst.ParenthesizedWhitespace:
@@ -79,12 +77,11 @@ def string_dict(pairs: dict[str, str]) -> cst.Dict:
 
 class CheckpointConversion:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
-        if any(m.matches(statement, ALREADY_ADDED) for statement in module.body):
+        if any(_is_register_function(statement) for statement in module.body):
             return module
-        facts = PreTrainedModelClasses()
-        module.visit(facts)
-        renamed = {name: ctx.spec.renamed(name) for name in facts.classes if ctx.spec.renamed(name) != name}
-        if not facts.classes:
+        classes = pretrained_model_classes(module)
+        renamed = {name: ctx.spec.renamed(name) for name in classes if ctx.spec.renamed(name) != name}
+        if not classes:
             raise AnchorNotFoundError(
                 f"no {MODEL_BASE} subclass in {ctx.where(file_name)}",
                 "the source is not a transformers modeling file; point pto-patch at an unmodified release",

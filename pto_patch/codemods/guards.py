@@ -6,106 +6,77 @@ A guard is the statement pair every injection template starts with:
     if pto_kernels is not None and getattr(pto_kernels, "USE_PTO_<OP>", False):
         return pto_kernels.<entry>(...)
 
-`GuardFinder` only collects facts (which functions hold a guard for which switch); the codemods
-use `insert_at_top` to place one.
+`has_guard` asks injections_found (the one reader of guards, on the standard library's `ast`)
+whether a function holds one; the codemods use `insert_at_top` to place one.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import libcst as cst
-import libcst.matchers as m
 
-KERNEL_MODULE = "pto_kernels"
-
-GUARD_LOOKUP = m.SimpleStatementLine(
-    body=[
-        m.Assign(
-            targets=[m.AssignTarget(target=m.Name(KERNEL_MODULE))],
-            value=m.Call(
-                func=m.Attribute(
-                    value=m.Attribute(value=m.Name("sys"), attr=m.Name("modules")), attr=m.Name("get")
-                )
-            ),
-        )
-    ]
-)
-GUARD_SWITCH_TEST = m.Call(
-    func=m.Name("getattr"), args=[m.Arg(m.Name(KERNEL_MODULE)), m.Arg(m.SimpleString()), m.ZeroOrMore()]
-)
-DOCSTRING = m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])
+from pto_patch.injections_found import guard_switches
 
 
-def guard_switches(body: Sequence[cst.BaseStatement]) -> list[str]:
-    """Switch names of the guards at the top of a function body (after its docstring)."""
-    statements = list(body)
-    if statements and m.matches(statements[0], DOCSTRING):
-        statements = statements[1:]
-    switches = []
-    while (
-        len(statements) >= 2 and m.matches(statements[0], GUARD_LOOKUP) and isinstance(statements[1], cst.If)
-    ):
-        found = m.findall(statements[1].test, GUARD_SWITCH_TEST)
-        if not found:
-            break
-        switch_literal = cst.ensure_type(found[0], cst.Call).args[1].value
-        switches.append(str(cst.ensure_type(switch_literal, cst.SimpleString).evaluated_value))
-        statements = statements[2:]
-    return switches
-
-
-class GuardFinder(cst.CSTVisitor):
-    """Collects {switch: [target]} where target is `Class` for a method, `function` for a function."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.class_stack: list[str] = []
-        self.found: dict[str, list[str]] = {}
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.class_stack.append(node.name.value)
-
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self.class_stack.pop()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        if isinstance(node.body, cst.IndentedBlock):
-            target = self.class_stack[-1] if self.class_stack else node.name.value
-            for switch in guard_switches(node.body.body):
-                self.found.setdefault(switch, []).append(target)
-        # guards sit at the top of a module-level function or a method; nothing inside can hold one
-        return False
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return False
+def is_docstring(statement: cst.CSTNode) -> bool:
+    """A line holding only a string literal (plain or implicitly concatenated)."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )
 
 
 def has_guard(function: cst.FunctionDef, switch: str) -> bool:
-    return isinstance(function.body, cst.IndentedBlock) and switch in guard_switches(function.body.body)
+    if not isinstance(function.body, cst.IndentedBlock):
+        return False
+    parsed = cast(ast.FunctionDef, ast.parse(cst.Module(body=[function]).code).body[0])
+    return switch in guard_switches(parsed.body)
 
 
 def insert_at_top(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
     """`function` with `statements` first in its body (after the docstring, which must stay first)."""
     body = cst.ensure_type(function.body, cst.IndentedBlock)
     existing = list(body.body)
-    keep_first = 1 if existing and m.matches(existing[0], DOCSTRING) else 0
+    keep_first = 1 if existing and is_docstring(existing[0]) else 0
     new_body = [*existing[:keep_first], *statements, *existing[keep_first:]]
     return function.with_changes(body=body.with_changes(body=new_body))
 
 
-IMPORT_SYS = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("sys"), asname=None)])])
-FUTURE_IMPORT = m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
+def is_import_sys(statement: cst.CSTNode) -> bool:
+    """A line holding only `import sys`."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+        return False
+    small = statement.body[0]
+    if not (isinstance(small, cst.Import) and len(small.names) == 1):
+        return False
+    alias = small.names[0]
+    return isinstance(alias.name, cst.Name) and alias.name.value == "sys" and alias.asname is None
+
+
+def is_future_import(statement: cst.CSTNode) -> bool:
+    """A line holding only `from __future__ import ...`."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.ImportFrom)
+        and isinstance(statement.body[0].module, cst.Name)
+        and statement.body[0].module.value == "__future__"
+    )
 
 
 def with_import_sys(module: cst.Module) -> cst.Module:
     """`module` with a top-level `import sys` (the guards look the kernel package up in sys.modules),
     placed before its first import, after the docstring and `from __future__` imports."""
     body = list(module.body)
-    if any(m.matches(statement, IMPORT_SYS) for statement in body):
+    if any(is_import_sys(statement) for statement in body):
         return module
     position = 0
-    while position < len(body) and m.matches(body[position], DOCSTRING | FUTURE_IMPORT):
+    while position < len(body) and (is_docstring(body[position]) or is_future_import(body[position])):
         position += 1
     import_sys = cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name=cst.Name("sys"))])])
     if position < len(body):

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from typing import cast
 
 import libcst as cst
-import libcst.matchers as m
 
 from pto_patch.codemods.context import PatchContext
 from pto_patch.codemods.guards import GuardInjector, has_guard, with_import_sys
 from pto_patch.codemods.injection_templates import guard_statements, parameter_names, template_body
-from pto_patch.codemods.rename_classes import ReferenceRenamer
+from pto_patch.codemods.node_walk import find_all, outer_statements
+from pto_patch.codemods.rename_classes import rename_references
 from pto_patch.errors import AnchorNotFoundError, SpecError
 
 OP = "rms_norm"
@@ -42,30 +42,53 @@ SUBCLASS_TEMPLATE = "rms_norm_subclass"
 # The imported class's attributes (transformers' Qwen2RMSNorm in every release that imports it).
 IMPORTED_ATTRIBUTES = ("weight", "variance_epsilon")
 
-SELF_ATTRIBUTE_ASSIGN = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self")))])
-PARAMETER_CALL = m.Call(func=m.Name("Parameter") | m.Attribute(attr=m.Name("Parameter")))
-TOP_LEVEL_DEFINITION = m.ClassDef() | m.FunctionDef()
+
+def is_self_attribute_assign(node: cst.CSTNode) -> bool:
+    """`self.x = ...` (one target)."""
+    return (
+        isinstance(node, cst.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Attribute)
+        and isinstance(node.targets[0].target.value, cst.Name)
+        and node.targets[0].target.value.value == "self"
+    )
+
+
+def is_parameter_call(node: cst.BaseExpression) -> bool:
+    """`Parameter(...)` or `x.Parameter(...)`, e.g. `nn.Parameter(torch.ones(hidden_size))`."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, cst.Attribute) else func
+    return isinstance(name, cst.Name) and name.value == "Parameter"
 
 
 def self_attribute(name: str) -> cst.Attribute:
     return cst.Attribute(value=cst.Name("self"), attr=cst.Name(name))
 
 
-class RmsNormFacts(cst.CSTVisitor):
+class RmsNormFacts:
     """Facts only: module-level classes among `targets` (with their weight / eps attributes and
     forward), and which of the targets are imported."""
 
     def __init__(self, targets: Sequence[str]):
-        super().__init__()
         self.targets = set(targets)
         self.local: dict[str, tuple[str | None, str | None, bool]] = {}
         self.imported: list[str] = []
         self.defined: set[str] = set()
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+    def collect(self, module: cst.Module) -> RmsNormFacts:
+        for statement in outer_statements(module):
+            if isinstance(statement, cst.ClassDef):
+                self._class(statement)
+            elif isinstance(statement, cst.ImportFrom):
+                self._import_from(statement)
+        return self
+
+    def _class(self, node: cst.ClassDef) -> None:
         self.defined.add(node.name.value)
         if node.name.value not in self.targets:
-            return False
+            return
         weight = eps = None
         has_forward = False
         for statement in cast(cst.IndentedBlock, node.body).body:
@@ -76,20 +99,16 @@ class RmsNormFacts(cst.CSTVisitor):
             if statement.name.value != "__init__":
                 continue
             eps_params = {name for name in parameter_names(statement) if "eps" in name}
-            for assign in m.findall(statement, SELF_ATTRIBUTE_ASSIGN):
+            for assign in find_all(statement, is_self_attribute_assign):
                 assign = cast(cst.Assign, assign)
                 attribute = cast(cst.Attribute, assign.targets[0].target).attr.value
-                if m.matches(assign.value, PARAMETER_CALL):
+                if is_parameter_call(assign.value):
                     weight = attribute
                 elif isinstance(assign.value, cst.Name) and assign.value.value in eps_params:
                     eps = attribute
         self.local[node.name.value] = (weight, eps, has_forward)
-        return False
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    def _import_from(self, node: cst.ImportFrom) -> None:
         if isinstance(node.names, cst.ImportStar):
             return
         for alias in node.names:
@@ -115,15 +134,14 @@ def guard_builder(ctx: PatchContext, weight: str, eps: str, where: str):
 
 def subclass_definition(subclass: str, base: str) -> cst.ClassDef:
     template = next(s for s in template_body(SUBCLASS_TEMPLATE) if isinstance(s, cst.ClassDef))
-    renamed = template.visit(ReferenceRenamer({"RMS_NORM_CLASS": subclass, "IMPORTED_RMS_NORM": base}))
+    renamed = rename_references(template, {"RMS_NORM_CLASS": subclass, "IMPORTED_RMS_NORM": base})
     return cast(cst.ClassDef, renamed).with_changes(name=cst.Name(subclass))
 
 
 class InjectRmsNorm:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         targets = ctx.spec.injections[OP].classes
-        facts = RmsNormFacts(targets)
-        module.visit(facts)
+        facts = RmsNormFacts(targets).collect(module)
         where = ctx.where(file_name)
         builders = {}
         for name, (weight, eps, has_forward) in facts.local.items():
@@ -174,8 +192,9 @@ class InjectRmsNorm:
             )
         if subclass in facts.defined:
             return module, subclass
-        module = cast(cst.Module, module.visit(ReferenceRenamer({base: subclass})))
+        module = cast(cst.Module, rename_references(module, {base: subclass}))
         body = list(module.body)
-        position = next((i for i, s in enumerate(body) if m.matches(s, TOP_LEVEL_DEFINITION)), len(body))
+        definitions = (i for i, s in enumerate(body) if isinstance(s, cst.ClassDef | cst.FunctionDef))
+        position = next(definitions, len(body))
         body.insert(position, subclass_definition(subclass, base))
         return module.with_changes(body=body), subclass

@@ -11,8 +11,8 @@ from functools import cache
 from typing import cast
 
 import libcst as cst
-import libcst.matchers as m
 
+from pto_patch.codemods.guards import is_docstring
 from pto_patch.resources import templates_dir
 
 GUARD_FUNCTION = "guard"
@@ -29,12 +29,18 @@ def template_body(name: str) -> tuple[cst.BaseStatement, ...]:
     """The template module's statements, without its docstring and imports."""
     statements = []
     for statement in load_template(name).body:
-        if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
-            continue
-        if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
+        if is_docstring(statement) or _is_import_line(statement):
             continue
         statements.append(statement)
     return tuple(statements)
+
+
+def _is_import_line(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Import | cst.ImportFrom)
+    )
 
 
 def template_function(name: str, function: str = GUARD_FUNCTION) -> cst.FunctionDef:

@@ -25,43 +25,35 @@ After (spec gutenocr_3b):
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
 from pto_patch.codemods.context import PatchContext
+from pto_patch.codemods.node_walk import copy_on_write, outer_statements
 from pto_patch.errors import SpecError
 
 # Class attributes (and `__all__`) whose string elements are class names transformers compares
 # with `type(module).__name__`: stale names there silently break device maps or star imports.
 CLASS_NAME_LISTS = ("__all__", "_no_split_modules")
 
-CLASS_NAME_LIST_ASSIGN = m.Assign(
-    targets=[m.AssignTarget(target=m.OneOf(*(m.Name(name) for name in CLASS_NAME_LISTS)))],
-    value=m.List() | m.Tuple(),
-)
 
-
-class DefinedNamesCollector(cst.CSTVisitor):
+class DefinedNamesCollector:
     """Facts only: module-level class names, every name bound by an import, names from the sibling."""
 
     def __init__(self, sibling_module: str):
-        super().__init__()
         self.sibling_module = sibling_module
         self.classes: list[str] = []
         self.imported: set[str] = set()
         self.from_sibling: list[str] = []
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.classes.append(node.name.value)
-        return False
+    def collect(self, module: cst.Module) -> DefinedNamesCollector:
+        for statement in outer_statements(module):
+            if isinstance(statement, cst.ClassDef):
+                self.classes.append(statement.name.value)
+            elif isinstance(statement, cst.ImportFrom):
+                self._import_from(statement)
+        return self
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return any(isinstance(small, cst.ImportFrom) for small in node.body)
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    def _import_from(self, node: cst.ImportFrom) -> None:
         if isinstance(node.names, cst.ImportStar):
             return
         module = get_full_name_for_node(node.module) if node.module else ""
@@ -72,60 +64,63 @@ class DefinedNamesCollector(cst.CSTVisitor):
                 self.from_sibling.append(alias.evaluated_name)
 
 
-class ReferenceRenamer(cst.CSTTransformer):
-    """Renames `Name` references; attribute names, keyword names and imports keep their names."""
-
-    def __init__(self, renames: dict[str, str]):
-        super().__init__()
-        self.renames = renames
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        new = self.renames.get(original_node.value)
-        return updated_node.with_changes(value=new) if new else updated_node
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        return updated_node.with_changes(attr=original_node.attr)
-
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        return updated_node.with_changes(keyword=original_node.keyword)
-
-    def leave_Import(self, original_node: cst.Import, updated_node: cst.Import) -> cst.Import:
-        return original_node
-
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        return original_node
+def is_sibling_import(node: cst.ImportFrom, sibling_module: str | None) -> bool:
+    module = get_full_name_for_node(node.module) if node.module else ""
+    return sibling_module is not None and len(node.relative) == 1 and module == sibling_module
 
 
-class ClassRenameTransformer(ReferenceRenamer):
-    """Also renames the names imported from the sibling module, and the class-name lists."""
+def is_class_name_list(node: cst.Assign) -> bool:
+    """`__all__ = [...]` or `_no_split_modules = (...)`: one target, a list or tuple literal."""
+    return (
+        len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Name)
+        and node.targets[0].target.value in CLASS_NAME_LISTS
+        and isinstance(node.value, cst.List | cst.Tuple)
+    )
 
-    def __init__(self, renames: dict[str, str], sibling_module: str):
-        super().__init__(renames)
-        self.sibling_module = sibling_module
 
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        module = get_full_name_for_node(original_node.module) if original_node.module else ""
-        if len(original_node.relative) == 1 and module == self.sibling_module:
-            return updated_node
-        return original_node
+def rename_references(node: cst.CSTNode, renames: dict[str, str], sibling_module: str | None = None):
+    """`node` with every `Name` reference in `renames` renamed; attribute names, keyword names and
+    imports keep their names. With `sibling_module`, also the names imported from that sibling module
+    (`from .sibling import ...`) and the class-name lists' strings. Untouched subtrees stay the same
+    objects (node_walk.copy_on_write), so a rename costs little more than one look at each name."""
 
-    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
-        if not m.matches(original_node, CLASS_NAME_LIST_ASSIGN):
-            return updated_node
-        value = cst.ensure_type(updated_node.value, cst.List | cst.Tuple)
-        elements = [self._renamed_element(element) for element in value.elements]
-        return updated_node.with_changes(value=value.with_changes(elements=elements))
+    def rename(node: cst.CSTNode) -> cst.CSTNode | None:
+        if isinstance(node, cst.Name):
+            new = renames.get(node.value)
+            return node.with_changes(value=new) if new else node
+        if isinstance(node, cst.Attribute):
+            return copy_on_write(node, rename, skip=("attr",))
+        if isinstance(node, cst.Arg):
+            return copy_on_write(node, rename, skip=("keyword",))
+        if isinstance(node, cst.Import):
+            return node
+        if isinstance(node, cst.ImportFrom):
+            return copy_on_write(node, rename) if is_sibling_import(node, sibling_module) else node
+        if isinstance(node, cst.SimpleString):
+            return node
+        if isinstance(node, cst.Assign) and sibling_module is not None and is_class_name_list(node):
+            updated = copy_on_write(node, rename)
+            value = updated.value
+            elements = [_renamed_element(element, renames) for element in value.elements]
+            if all(new is old for new, old in zip(elements, value.elements, strict=True)):
+                return updated
+            return updated.with_changes(value=value.with_changes(elements=elements))
+        return None
 
-    def _renamed_element(self, element: cst.BaseElement) -> cst.BaseElement:
-        string = element.value
-        if not isinstance(string, cst.SimpleString):
-            return element
-        new = self.renames.get(str(string.evaluated_value))
-        if new is None:
-            return element
-        return element.with_changes(
-            value=string.with_changes(value=f"{string.prefix}{string.quote}{new}{string.quote}")
-        )
+    return copy_on_write(node, rename)
+
+
+def _renamed_element(element: cst.BaseElement, renames: dict[str, str]) -> cst.BaseElement:
+    string = element.value
+    if not isinstance(string, cst.SimpleString):
+        return element
+    new = renames.get(str(string.evaluated_value))
+    if new is None:
+        return element
+    return element.with_changes(
+        value=string.with_changes(value=f"{string.prefix}{string.quote}{new}{string.quote}")
+    )
 
 
 def class_renames(facts: DefinedNamesCollector, ctx: PatchContext, file_name: str) -> dict[str, str]:
@@ -156,9 +151,8 @@ def class_renames(facts: DefinedNamesCollector, ctx: PatchContext, file_name: st
 class RenameClasses:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
         sibling = ctx.spec.configuration_file.removesuffix(".py")
-        facts = DefinedNamesCollector(sibling)
-        module.visit(facts)
+        facts = DefinedNamesCollector(sibling).collect(module)
         renames = class_renames(facts, ctx, file_name)
         if not renames:
             return module
-        return module.visit(ClassRenameTransformer(renames, sibling))
+        return rename_references(module, renames, sibling)

@@ -50,7 +50,7 @@ def _describe(function) -> str:
 def _guard_targets(module, switches: dict[str, str]) -> dict[str, str]:
     """{name: op} for each class or function of the patched module that carried a guard when apply wrote
     it: read from the module's source (so a forward replaced since still counts), and by behaviour."""
-    from pto_patch.codemods import find_injections
+    from pto_patch.injections_found import find_injections
 
     targets: dict[str, str] = {}
     try:

@@ -1,0 +1,124 @@
+"""Commands that rewrite nothing import nothing heavy: --help, status, restore, models and an apply
+whose rewrites the cache holds load no libcst, torch, transformers, pydantic, huggingface_hub or run
+library, and --help and --json output no rich. Each command runs in a fresh interpreter, which
+reports the modules it ended up with.
+
+(Their speed is measured in benchmarks/bench_apply.py, never asserted here.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pto_patch import engine
+from tests.test_engine import HUB_CONFIG, write_config
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = (
+    "libcst",
+    "torch",
+    "transformers",
+    "pydantic",
+    "huggingface_hub",
+    "pto_patch.run",
+    "pto_patch.codemods",
+)
+
+# Runs the command line after `setup`, then writes the names of every module imported to a file.
+COMMAND_THEN_MODULES = """
+import json, sys
+exec(sys.argv[2])
+from pto_patch.cli import main
+try:
+    main(sys.argv[3:])
+except SystemExit:
+    pass
+with open(sys.argv[1], "w") as handle:
+    json.dump(sorted(sys.modules), handle)
+"""
+
+
+def modules_after(tmp_path: Path, args: list[str], setup: str = "") -> list[str]:
+    report = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", COMMAND_THEN_MODULES, str(report), setup, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return json.loads(report.read_text())
+
+
+def heavy(modules: list[str], roots: tuple[str, ...] = HEAVY) -> list[str]:
+    return sorted({root for root in roots for name in modules if name == root or name.startswith(root + ".")})
+
+
+@pytest.fixture()
+def patched(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_config(folder, HUB_CONFIG)
+    engine.apply_patch(model_path=folder)
+    return folder
+
+
+def quick_commands(folder: Path) -> list[list[str]]:
+    path = ["--model-path", str(folder)]
+    return [
+        ["--help"],
+        ["status", *path],
+        ["status", "--json", *path],
+        ["models"],
+        ["models", "--json"],
+        ["restore", "--json", *path],  # last: it unpatches the folder
+    ]
+
+
+def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patched: Path):
+    for args in quick_commands(patched):
+        modules = modules_after(tmp_path, args)
+        assert heavy(modules) == [], args
+        if args == ["--help"] or "--json" in args:
+            assert heavy(modules, ("rich",)) == [], args
+    assert not (patched / ".pto_patch").exists()  # restore ran, and restored
+
+
+def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: Path):
+    """`patched` filled the cache; a first rewrite needs libcst, a seen one does not."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    write_config(seen, HUB_CONFIG)
+    assert heavy(modules_after(tmp_path, ["apply", "--json", "--model-path", str(seen)])) == []
+    assert (seen / ".pto_patch" / "manifest.json").is_file()
+    other = tmp_path / "other-ops"
+    other.mkdir()
+    write_config(other, HUB_CONFIG)
+    rewrote = modules_after(tmp_path, ["apply", "--json", "--ops", "mrope", "--model-path", str(other)])
+    assert heavy(rewrote) == ["libcst", "pto_patch.codemods"]
+    assert "libcst.matchers" not in rewrote  # plain node checks: its import alone cost 0.6 s
+
+
+def test_the_check_sees_an_import_made_eager(tmp_path: Path, patched: Path):
+    """What a module-level `import pto_patch.codemods` in the engine would do to status."""
+    modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.codemods")
+    assert heavy(modules) == ["libcst", "pto_patch.codemods"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("typer._adapters") is None, reason="this typer coerces without pydantic"
+)
+def test_the_check_sees_pydantic_when_options_go_through_typer(tmp_path: Path, patched: Path):
+    """Without pto_patch.cli_values, this typer builds a pydantic adapter for the first option value."""
+    off = "import pto_patch.cli_values as values; values.plain_type = lambda param: None"
+    modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], off)
+    assert heavy(modules) == ["pydantic"]
