@@ -15,10 +15,10 @@ from typing import Any
 from pto_patch.console import err, escape, out, print_json
 
 
-def _table(**options):
+def _table(*headers: str, **options):
     from rich.table import Table  # text output only: --json never imports rich
 
-    return Table(**options)
+    return Table(*headers, **options)
 
 
 def show(result: Any, *, as_json: bool) -> None:
@@ -311,14 +311,14 @@ def _vllm_verify_text(report) -> None:
         f"{source['prompt_tokens']} prompt tokens, batch {source['batch']}, {source['output_length']} new tokens"
     )
     modes = [("baseline", report.baseline)] + ([("pto", report.pto)] if report.pto else [])
-    table = Table("", *(name for name, _ in modes))
+    table = _table("", *(name for name, _ in modes))
     for label, key in (("load (s)", "load_s"), ("latency (s)", "latency_s"), ("tokens / s", "tokens_per_s")):
         table.add_row(label, *(_fmt(run.get(key), 3) for _, run in modes))
     table.add_row("worker pids", *(", ".join(map(str, run["worker_pids"])) for _, run in modes))
     out.print(table)
     if report.pto is not None:
         out.print(f"  pto_kernels from {report.pto_kernels_path} (backend {report.kernel_backend})")
-        ops = Table("op", "switched on", "calls (all workers)", "backends", "fallbacks")
+        ops = _table("op", "switched on", "calls (all workers)", "backends", "fallbacks")
         for op, entry in report.pto["ops"].items():
             backends = ", ".join(f"{name} {calls}" for name, calls in entry["backends"].items()) or "-"
             ops.add_row(
