@@ -22,6 +22,7 @@ import torch
 from pto_patch import engine
 from pto_patch.run.compiling import CompileSetup, CompileWatch, short_reason
 from pto_patch.tiny_model import make_tiny
+from tests.spec_pipeline import run_in_fresh_process as run_cli
 
 SETUP = CompileSetup("eager", None, True, "torch.compile(backend='eager')")
 
@@ -305,19 +306,6 @@ def test_the_recompile_count_sees_more_compiles_without_dynamic_shapes(patched_t
 # --- verify and bench, compiled ---------------------------------------------------------------------
 
 COMPILED_RUN = ["--use_compile", "--backend", "eager", "--dtype", "fp32", "--warmup", "1", "--iters", "1"]
-
-
-def run_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    env.pop("PTO_KERNELS_BACKEND", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pto_patch", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,
-    )
 
 
 @pytest.mark.slow

@@ -398,6 +398,7 @@ def test_tune_writes_a_tuning_verify_uses_and_restore_removes(patched_copy: Path
         assert {a["label"] for a in entry["alternatives"]} >= {"mrope=fused", "swiglu_mlp=fused"}
     written = json.loads((patched_copy / TUNING_PATH).read_text(encoding="utf-8"))
     assert written["batches"] == doc["batches"] and written["header"]["dtype"] == "float32"
+    assert written["header"]["compile"] is None  # measured eager: compiled runs do not use it
 
     # verify uses it: the same ops as tune chose at batch 1, and says where they came from
     done = run_cli(
