@@ -35,6 +35,18 @@ def rewrite_cache_dir(tmp_path_factory, monkeypatch) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def patched_tiny(tmp_path_factory) -> Path:
+    """A make-tiny folder with the patch applied, shared by a module's tests (which must not change it)."""
+    from pto_patch import engine
+    from pto_patch.tiny_model import make_tiny
+
+    folder = tmp_path_factory.mktemp("tiny") / "GutenOCR-tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def transformers_release() -> Callable[[str], Path]:
     """`get(version)` -> folder with that release's Qwen2.5-VL sources; skips when unavailable.

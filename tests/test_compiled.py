@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch import engine
 from pto_patch.run.compiling import CompileSetup, CompileWatch, short_reason
-from pto_patch.tiny_model import make_tiny
 from tests.spec_pipeline import run_in_fresh_process as run_cli
 
 SETUP = CompileSetup("eager", None, True, "torch.compile(backend='eager')")
@@ -188,14 +186,6 @@ with torch.no_grad():
 result["image_language_model_diff"] = (eager_lm - compiled_lm).abs().max().item()
 print(json.dumps(result))
 """
-
-
-@pytest.fixture(scope="module")
-def patched_tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny") / "GutenOCR-tiny"
-    make_tiny(folder)
-    engine.apply_patch(model_path=folder)
-    return folder
 
 
 def run_fresh(script: str, args: list[str], tmp_path: Path, timeout: int = 900) -> dict:

@@ -10,11 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from pto_patch import engine
-from pto_patch.tiny_model import make_tiny
-
 LOAD_AND_COMPARE = r"""
 import json, sys
 import torch
@@ -46,14 +41,6 @@ print(json.dumps({
     "logit_std": reference.std().item(),
 }))
 """
-
-
-@pytest.fixture(scope="module")
-def patched_tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny") / "GutenOCR-tiny"
-    make_tiny(folder)
-    engine.apply_patch(model_path=folder)
-    return folder
 
 
 def run_fresh(script: str, folder: Path, tmp_path: Path) -> dict:
