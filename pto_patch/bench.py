@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.report import BatchRun, BenchResult, ModeRun, write_report
-from pto_patch.run.compiling import CompileWatch, apply_compile
+from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
@@ -86,12 +86,12 @@ def run_bench(options: BenchOptions) -> BenchResult:
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
-    compiled = apply_compile(loaded.model, options, warnings, loaded.kernels)
+    compiled = apply_compile(loaded.model, options, warnings)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     kernels = loaded.kernels
     lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
     backends_used = []
-    watch = None
+    watch = CompileWatch(compiled) if compiled is not None else None
 
     runs = []
     for batch in batches:
@@ -112,8 +112,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             "baseline": kernels.disable,
             "pto": lambda ops=switched_on, backend=kernel_backend: set_switches(kernels, ops, backend),
         }
-        if compiled is not None:
-            watch = watch or CompileWatch(compiled)
+        if watch is not None:
             switches = watch.wrap(switches)
         try:
             timed = measure_modes(
@@ -142,11 +141,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             )
         )
 
-    compilation = watch.finish() if watch is not None else None
-    if compilation is not None:
-        more_failures, more_warnings = compilation.failures_and_warnings()
-        failures += more_failures
-        warnings += more_warnings
+    compilation = finish_watch(watch, failures, warnings)
     weight_bytes = decode_weight_bytes(loaded.model)
     bandwidth = measure_copy_bandwidth(device)  # last, so its buffers never count in a mode's peak
     result = BenchResult(

@@ -237,7 +237,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     if failures:  # a model that did not load whole is not worth timing
         result.duration_s = clock() - began
         return result
-    compiled = apply_compile(loaded.model, options, warnings, kernels)
+    compiled = apply_compile(loaded.model, options, warnings)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
     ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]

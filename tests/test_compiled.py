@@ -22,7 +22,7 @@ import torch
 from pto_patch.run.compiling import CompileSetup, CompileWatch, short_reason
 from tests.spec_pipeline import run_in_fresh_process as run_cli
 
-SETUP = CompileSetup("eager", None, True, "torch.compile(backend='eager')")
+SETUP = CompileSetup("eager", None, True)
 
 
 # --- the watch: what the compiler did, per mode ----------------------------------------------------

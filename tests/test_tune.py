@@ -127,14 +127,6 @@ def run_cli(args: list[str], tmp_path: Path, after_load: str | None = None) -> s
     )
 
 
-@pytest.fixture(scope="module")
-def patched_tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tune") / "GutenOCR-tiny"
-    make_tiny(folder)
-    engine.apply_patch(model_path=folder)
-    return folder
-
-
 @pytest.fixture
 def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "GutenOCR-tiny-copy"

@@ -156,14 +156,6 @@ def json_out(done: subprocess.CompletedProcess) -> dict:
     return json.loads(done.stdout)  # exactly one document, or this raises
 
 
-@pytest.fixture(scope="module")
-def patched_tiny(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("verify") / "GutenOCR-tiny"
-    make_tiny(folder)
-    engine.apply_patch(model_path=folder)
-    return folder
-
-
 @pytest.fixture
 def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
     """A private copy of the patched folder, for tests that change it."""

@@ -22,6 +22,7 @@ from typing import Any
 # Each mode compiles prefill and decode, for batch 1 and for larger batches (torch specialises size 1),
 # and tune compiles one set per candidate: room for all of them before torch falls back to eager.
 RECOMPILE_LIMIT = 64
+TORCHAIR = "torchair"
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,12 @@ class CompileSetup:
     backend: str
     mode: str | None
     dynamic: bool | None
-    description: str
+
+    @property
+    def description(self) -> str:
+        if self.backend == TORCHAIR:
+            return "torchair npu backend, reduce-overhead (ACL graph)"
+        return f"torch.compile(backend={self.backend!r}, mode={self.mode!r}, dynamic={self.dynamic})"
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic}
@@ -176,25 +182,27 @@ class CompileWatch:
         return Compilation(self.setup, dict(self.modes))
 
 
-def watch_switches(
-    setup: CompileSetup | None, switches: dict[str, Callable[[], None]]
-) -> tuple[CompileWatch | None, dict[str, Callable[[], None]]]:
-    """The switches as they are for an eager run; wrapped in a watch for a compiled one."""
-    if setup is None:
-        return None, switches
-    watch = CompileWatch(setup)
-    return watch, watch.wrap(switches)
+def finish_watch(watch: CompileWatch | None, failures: list[str], warnings: list[str]) -> Compilation | None:
+    """Close a run's watch and add its verdict (a break PTO mode added fails) to the run's messages."""
+    if watch is None:
+        return None
+    compilation = watch.finish()
+    more_failures, more_warnings = compilation.failures_and_warnings()
+    failures += more_failures
+    warnings += more_warnings
+    return compilation
 
 
-def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileSetup | None:
+def apply_compile(model, options, warnings: list[str]) -> CompileSetup | None:
     """Wrap model.forward: torchair's ACL graph where asked and usable, else torch.compile with dynamic
-    shapes (one compile serves every prompt length)."""
+    shapes (one compile serves every prompt length). torchair's GE mode is refused per op by `enable()`
+    (pto_kernels.ops.refuse_graph_mode) once torchair is imported, as it is here."""
     if not (options.use_compile or options.use_acl_graph):
         return None
     import torch
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    if getattr(options, "warmup", 1) == 0:
+    if options.warmup == 0:
         warnings.append("--warmup 0 with a compiled model: each mode's first timed run includes compiling it")
     if options.use_acl_graph:
         try:
@@ -209,20 +217,10 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
                 f"using torch.compile(backend={options.compile_backend!r}) instead"
             )
         else:
-            refuse = getattr(getattr(kernels, "ops", None), "refuse_graph_mode", None)
-            if refuse is not None:
-                refuse(torchair)  # torchair's GE mode would need converters the ops do not have
             # ACL graph replays fixed shapes: dynamic shapes are not supported in reduce-overhead mode.
             model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
-            return CompileSetup(
-                "torchair", "reduce-overhead", False, "torchair npu backend, reduce-overhead (ACL graph)"
-            )
+            return CompileSetup(TORCHAIR, "reduce-overhead", False)
     model.forward = torch.compile(
         model.forward, backend=options.compile_backend, mode=options.compile_mode, dynamic=True
     )
-    return CompileSetup(
-        options.compile_backend,
-        options.compile_mode,
-        True,
-        f"torch.compile(backend={options.compile_backend!r}, mode={options.compile_mode!r}, dynamic=True)",
-    )
+    return CompileSetup(options.compile_backend, options.compile_mode, True)

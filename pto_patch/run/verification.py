@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.report import VerifyReport
-from pto_patch.run.compiling import apply_compile, watch_switches
+from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import peak_memory_source
 from pto_patch.run.folder import module_dir
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
@@ -55,7 +55,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         ]
         if ignored:
             warnings.append(f"{', '.join(ignored)} only matter with --use_pto; ran the baseline only")
-    compiled = apply_compile(loaded.model, options, warnings, loaded.kernels)
+    compiled = apply_compile(loaded.model, options, warnings)
     inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(inputs, options.batch, device)
 
@@ -79,7 +79,9 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
     if options.use_pto:
         switches["pto"] = lambda: set_switches(kernels, switched_on, kernel_backend)
-    watch, switches = watch_switches(compiled, switches)
+    watch = CompileWatch(compiled) if compiled is not None else None
+    if watch is not None:
+        switches = watch.wrap(switches)
     switches["baseline"]()
     if kernels is not None:
         kernels.reset_stats()
@@ -106,7 +108,6 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         if kernels is not None:
             stats = kernels.stats()  # only the PTO runs count: the switches are off for the baseline
             kernels.disable()
-    compilation = watch.finish() if watch is not None else None
     baseline = timed["baseline"]
 
     report = VerifyReport(
@@ -130,7 +131,6 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         allow_modified=options.allow_modified,
         rope_fixes=loaded.rope_fixes,
         compile=compiled.description if compiled else None,
-        compilation=compilation,
         peak_memory_source=peak_memory_source(device),
         options=options.to_json(),
         other_patchers=list(loaded.other_patchers),
@@ -153,9 +153,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     else:
         text = loaded.tokenizer.decode(base_run.new_tokens[0], skip_special_tokens=True)
         report.input["baseline_text"] = text
-    if compilation is not None:
-        more_failures, more_warnings = compilation.failures_and_warnings()
-        report.failures += more_failures
-        report.warnings += more_warnings
+    # Nothing compiles after the timed runs: the watch closes here, its verdict after the other checks'.
+    report.compilation = finish_watch(watch, report.failures, report.warnings)
 
     return report
