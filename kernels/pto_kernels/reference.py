@@ -105,3 +105,107 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     dim (what a serving engine runs between its merged gate_up matmul and down_proj)."""
     half = gate_up.shape[-1] // 2
     return F.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+
+# Decoder-layer blocks: several of a layer's small ops as one entry each (fewer launches per token).
+
+
+def residual_rms_norm(
+    hidden_states: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's `residual + hidden_states` followed by its RMSNorm, in transformers' order: the sum
+    is rounded to the activations' dtype before it is normalised (unlike `add_rms_norm`'s fp32 sum).
+    Returns (normed, sum): the sum is the next residual."""
+    summed = residual + hidden_states
+    return rms_norm(summed, weight, eps), summed
+
+
+def mlp_block(
+    residual: torch.Tensor,
+    attn_output: torch.Tensor,
+    o_weight: torch.Tensor,
+    o_bias: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor | None,
+    up_weight: torch.Tensor,
+    up_bias: torch.Tensor | None,
+    down_weight: torch.Tensor,
+    down_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Everything a decoder layer does after the attention core: the output projection, the residual add,
+    the post-attention RMSNorm, the SiLU MLP and the residual add after it.
+
+    attn_output is the attention core's [b, s, heads * head_dim] (before o_proj); residual the layer's
+    input. Returns the layer's output."""
+    summed = residual + F.linear(attn_output, o_weight, o_bias)
+    normed = rms_norm(summed, norm_weight, eps)
+    return summed + swiglu_mlp_weights(normed, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
+
+
+def _projected_heads(
+    hidden_states: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    q_weight: torch.Tensor,
+    q_bias: torch.Tensor | None,
+    k_weight: torch.Tensor,
+    k_bias: torch.Tensor | None,
+    v_weight: torch.Tensor,
+    v_bias: torch.Tensor | None,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    b, s = hidden_states.shape[0], hidden_states.shape[1]
+    return tuple(
+        F.linear(normed, w, bias).view(b, s, -1, head_dim).transpose(1, 2)
+        for w, bias in ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
+    )
+
+
+def attention_prologue(
+    hidden_states: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    q_weight: torch.Tensor,
+    q_bias: torch.Tensor | None,
+    k_weight: torch.Tensor,
+    k_bias: torch.Tensor | None,
+    v_weight: torch.Tensor,
+    v_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: list[int] | tuple[int, ...],
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Everything a decoder layer does before the attention core (transformers <= 5.16's sectioned MRoPE):
+    the input RMSNorm of hidden_states [b, s, hidden], the q/k/v projections with their biases, and MRoPE on
+    q and k with cos/sin [3, b, s, head_dim]. Returns q, k, v as [b, heads, s, head_dim]."""
+    q, k, v = _projected_heads(
+        hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim
+    )
+    q, k = mrope(q, k, cos, sin, mrope_section, 1)
+    return q, k, v
+
+
+def attention_prologue_mixed(
+    hidden_states: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    q_weight: torch.Tensor,
+    q_bias: torch.Tensor | None,
+    k_weight: torch.Tensor,
+    k_bias: torch.Tensor | None,
+    v_weight: torch.Tensor,
+    v_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attention_prologue for transformers 5.20+, whose cos/sin arrive section-mixed as [b, s, head_dim]."""
+    q, k, v = _projected_heads(
+        hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim
+    )
+    q, k = mrope_mixed(q, k, cos, sin, 1)
+    return q, k, v
