@@ -16,7 +16,8 @@ from typing import Any
 from pto_patch.errors import SpecError
 from pto_patch.resources import templates_dir
 
-OPS = ("rms_norm", "mrope", "swiglu_mlp")
+# The reference system's three ops, then the decoder-layer blocks (several of a layer's ops in one launch).
+OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
 # The kernel package's switch for each op; the patched code reads it at every call.
 SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
 

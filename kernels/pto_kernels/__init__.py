@@ -1,5 +1,10 @@
 """pto_kernels: fused RMSNorm, MRoPE and SwiGLU MLP for Qwen2.5-VL (GutenOCR-3B) with per-call dispatch.
 
+Beside the reference system's three ops, three decoder-layer blocks cut a layer's launches: the residual
+add with the RMSNorm after it (`residual_rms_norm`), everything after the attention core (`mlp_block`: o_proj,
+add, norm, MLP, add) and everything before it (`attention_prologue`: norm, q/k/v projections, MRoPE).
+`enable()` with no ops switches on the reference's three (REFERENCE_OPS); name the blocks to add them.
+
 The patched modeling code reads the switches below at every call and, when one is on, calls the matching
 wrapper. Each wrapper runs the backend bound at `enable` time (under "auto", per device type), records what ran in
 `stats()`, and falls back to the eager torch path if a kernel fails (PTO_KERNELS_STRICT=1 raises instead).
@@ -29,23 +34,32 @@ from .tuning import TuningError, TuningMismatchError, apply_tuning
 
 __all__ = [
     "BACKENDS",
+    "BLOCK_OPS",
     "OPS",
+    "REFERENCE_OPS",
+    "USE_PTO_ATTENTION_PROLOGUE",
+    "USE_PTO_MLP_BLOCK",
     "USE_PTO_MROPE",
+    "USE_PTO_RESIDUAL_RMS_NORM",
     "USE_PTO_RMS_NORM",
     "USE_PTO_SWIGLU_MLP",
     "KernelFailedError",
     "TuningError",
     "TuningMismatchError",
     "apply_tuning",
+    "attention_prologue_mixed_wrapper",
+    "attention_prologue_wrapper",
     "backend",
     "backends",
     "count_replays",
     "disable",
     "enable",
     "enabled",
+    "mlp_block_wrapper",
     "mrope_mixed_wrapper",
     "mrope_pto_correct",
     "reset_stats",
+    "residual_rms_norm_wrapper",
     "rms_norm_wrapper",
     "stats",
     "swiglu_mlp_wrapper",
@@ -55,8 +69,13 @@ __all__ = [
 USE_PTO_RMS_NORM = False
 USE_PTO_MROPE = False
 USE_PTO_SWIGLU_MLP = False
+USE_PTO_RESIDUAL_RMS_NORM = False
+USE_PTO_MLP_BLOCK = False
+USE_PTO_ATTENTION_PROLOGUE = False
 
-SWITCHES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_mlp": "USE_PTO_SWIGLU_MLP"}
+SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
+REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags: enable()'s default
+BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
 
 # Per op: "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
 _backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
@@ -68,11 +87,15 @@ _tracing = torch.compiler.is_compiling
 
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
-    global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp
+    global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
+    global _attention_prologue, _attention_prologue_mixed
     routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
     _swiglu_mlp = routes["swiglu_mlp"]
+    _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
+    _attention_prologue = routes["attention_prologue"]
+    _attention_prologue_mixed = routes["attention_prologue_mixed"]
 
 
 _bind()
@@ -91,6 +114,8 @@ def backends() -> dict[str, str]:
 
 
 def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
+    if ops == "all":
+        return OPS
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     unknown = [op for op in ops if op not in OPS]
     if unknown:
@@ -110,8 +135,9 @@ def _requested_backends(backend: str | Mapping[str, str] | None) -> dict[str, st
     return {op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS}
 
 
-def enable(ops: Iterable[str] | str = OPS, backend: str | Mapping[str, str] | None = None) -> None:
-    """Switch exactly `ops` on (the others off) and choose the backend.
+def enable(ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str, str] | None = None) -> None:
+    """Switch exactly `ops` on (the others off) and choose the backend. Without ops: REFERENCE_OPS;
+    "all" or OPS: every op, blocks included.
 
     backend: "auto" (npu tensors -> pypto if it imports, else npu; every other device -> fused),
     "pypto", "npu", "fused" or "torch"; or a mapping op -> backend (ops it leaves out get the default).
@@ -139,7 +165,9 @@ def switched_on() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def enabled(ops: Iterable[str] | str = OPS, backend: str | Mapping[str, str] | None = None) -> Iterator[None]:
+def enabled(
+    ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str, str] | None = None
+) -> Iterator[None]:
     """enable(ops, backend) for the duration of a with-block, then restore the previous state."""
     global _backends
     saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backends)
@@ -186,3 +214,61 @@ def swiglu_mlp_wrapper(mlp_module, hidden_states):
             hidden_states, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
         )
     return _swiglu_mlp(mlp_module, hidden_states)
+
+
+# Decoder-layer blocks. Each takes the modules the patched layer hands it and reads their weights per call.
+
+
+def _eps(norm) -> float:
+    """An RMSNorm module's epsilon (transformers' `variance_epsilon`; `eps` elsewhere)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(norm.eps if eps is None else eps)
+
+
+def residual_rms_norm_wrapper(hidden_states, residual, norm):
+    """(norm(residual + hidden_states), residual + hidden_states) for an RMSNorm module `norm`: the add
+    rounded as transformers rounds it. The sum is the next residual."""
+    weight, eps = norm.weight, _eps(norm)
+    if _tracing():
+        return ops.residual_rms_norm(hidden_states, residual, weight, eps)
+    return _residual_rms_norm(hidden_states, residual, weight, eps)
+
+
+def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
+    """A decoder layer after its attention core: h = residual + o_proj(attn_output); h + mlp(norm(h)).
+
+    attn_output is the core's output before o_proj. An MLP whose activation is not SiLU runs the modules'
+    own math (uncounted): the block computes SiLU."""
+    if not reference.is_silu(mlp.act_fn):
+        summed = residual + o_proj(attn_output)
+        return summed + mlp(norm(summed))
+    gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+    args = (residual, attn_output, o_proj.weight, o_proj.bias, norm.weight, _eps(norm))
+    args += (gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
+    if _tracing():
+        return ops.mlp_block(*args)
+    return _mlp_block(*args)
+
+
+def _prologue_args(attention, norm, hidden_states):
+    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+    return (hidden_states, norm.weight, _eps(norm), q.weight, q.bias, k.weight, k.bias, v.weight, v.bias)
+
+
+def attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_section):
+    """A decoder layer before its attention core (transformers <= 5.16): (q, k, v) as [b, heads, s, d] from
+    the un-normed hidden_states, the layer's input norm, the attention's projections and MRoPE."""
+    args = _prologue_args(attention, norm, hidden_states)
+    if _tracing():
+        return ops.attention_prologue(
+            *args, cos, sin, [int(s) for s in mrope_section], int(attention.head_dim)
+        )
+    return _attention_prologue(*args, cos, sin, mrope_section, attention.head_dim)
+
+
+def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
+    """attention_prologue_wrapper for transformers 5.20+ (cos/sin section-mixed, [b, s, d])."""
+    args = _prologue_args(attention, norm, hidden_states)
+    if _tracing():
+        return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
+    return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
-OPS = ("rms_norm", "mrope", "swiglu_mlp")
+# The reference system's three ops, then the decoder-layer blocks (several of a layer's ops as one entry)
+OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
 BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 BACKEND_ENV = "PTO_KERNELS_BACKEND"
 STRICT_ENV = "PTO_KERNELS_STRICT"
@@ -28,6 +29,11 @@ _ENTRY_OP = {
     # a serving engine's own layers (serving_ops.py): the residual RMSNorm, the SwiGLU activation alone
     "add_rms_norm": "rms_norm",
     "silu_and_mul": "swiglu_mlp",
+    # decoder-layer blocks
+    "residual_rms_norm": "residual_rms_norm",
+    "mlp_block": "mlp_block",
+    "attention_prologue": "attention_prologue",
+    "attention_prologue_mixed": "attention_prologue",
 }
 
 
@@ -141,6 +147,10 @@ _DEVICE_ARG = {
     "swiglu_mlp_weights": 0,
     "add_rms_norm": 0,
     "silu_and_mul": 0,
+    "residual_rms_norm": 0,
+    "mlp_block": 0,
+    "attention_prologue": 0,
+    "attention_prologue_mixed": 0,
 }
 
 

@@ -148,3 +148,63 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     half = gate_up.shape[-1] // 2
     out = F.silu(gate_up[..., :half])
     return out.mul_(gate_up[..., half:])
+
+
+# Decoder-layer blocks: the fused pieces above composed, with the adds written in place (same bits as the
+# reference: each add is one rounding either way).
+
+
+def residual_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    summed = residual + hidden_states
+    return rms_norm(summed, weight, eps), summed
+
+
+def mlp_block(
+    residual,
+    attn_output,
+    o_weight,
+    o_bias,
+    norm_weight,
+    eps,
+    gate_weight,
+    gate_bias,
+    up_weight,
+    up_bias,
+    down_weight,
+    down_bias,
+):
+    if torch.is_grad_enabled() and (residual.requires_grad or attn_output.requires_grad):
+        return reference.mlp_block(
+            residual, attn_output, o_weight, o_bias, norm_weight, eps,
+            gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias,
+        )  # fmt: skip
+    summed = F.linear(attn_output, o_weight, o_bias)
+    if summed.dtype != torch.promote_types(summed.dtype, residual.dtype):
+        summed = residual + summed
+    else:
+        summed.add_(residual)
+    mlp = swiglu_mlp_weights(
+        rms_norm(summed, norm_weight, eps), gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias
+    )
+    if mlp.dtype != torch.promote_types(mlp.dtype, summed.dtype):
+        return summed + mlp
+    return mlp.add_(summed)
+
+
+def attention_prologue(
+    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin,
+    mrope_section, head_dim,
+):  # fmt: skip
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
+    q, k = mrope(q, k, cos, sin, mrope_section, 1)
+    return q, k, v
+
+
+def attention_prologue_mixed(
+    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin, head_dim
+):
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
+    q, k = mrope_mixed(q, k, cos, sin, 1)
+    return q, k, v

@@ -11,7 +11,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from . import fused
+from . import fused, reference
 
 
 def _torch_npu():
@@ -69,3 +69,40 @@ def add_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return _torch_npu().npu_swiglu(gate_up, dim=-1)
+
+
+# Decoder-layer blocks from torch_npu's fused ops: npu_add_rms_norm carries the residual add, npu_rms_norm
+# the input norm, npu_rotary_mul the rotation, npu_swiglu the activation.
+
+
+def residual_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    return add_rms_norm(hidden_states, residual, weight, eps)
+
+
+def mlp_block(
+    residual, attn_output, o_weight, o_bias, norm_weight, eps,
+    gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias,
+):  # fmt: skip
+    normed, summed = add_rms_norm(F.linear(attn_output, o_weight, o_bias), residual, norm_weight, eps)
+    return summed + swiglu_mlp_weights(
+        normed, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias
+    )
+
+
+def attention_prologue(
+    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin,
+    mrope_section, head_dim,
+):  # fmt: skip
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
+    q, k = mrope(q, k, cos, sin, mrope_section, 1)
+    return q, k, v
+
+
+def attention_prologue_mixed(
+    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin, head_dim
+):
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
+    q, k = mrope_mixed(q, k, cos, sin, 1)
+    return q, k, v

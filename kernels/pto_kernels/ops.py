@@ -11,6 +11,16 @@ tensors: shapes and dtypes while tracing, without data.
     torch.ops.pto_kernels.mrope_mixed(q, k, cos, sin, unsqueeze_dim)                # transformers 5.20+
     torch.ops.pto_kernels.swiglu_mlp(x, gate_w, gate_b, up_w, up_b, down_w, down_b) # SiLU MLP
 
+and the decoder-layer blocks, several of a layer's ops in one launch (reference.py has their math):
+
+    torch.ops.pto_kernels.residual_rms_norm(x, residual, weight, eps) -> (normed, residual + x)
+    torch.ops.pto_kernels.mlp_block(residual, attn, o_w, o_b, norm_w, eps, gate_w, gate_b, up_w, up_b,
+                                    down_w, down_b) -> the layer's output
+    torch.ops.pto_kernels.attention_prologue(x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin,
+                                             mrope_section, head_dim) -> (q, k, v)
+    torch.ops.pto_kernels.attention_prologue_mixed(x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin,
+                                                   head_dim) -> (q, k, v)
+
 The ops are registered once per process. The body runs the routes of the `pto_kernels` package that is
 in sys.modules when it is called, which is the one the patched modeling code's guards look up too.
 A body reads Python state (routes, counters, the MRoPE table cache) only when it runs: a graph replayed
@@ -74,6 +84,88 @@ def _swiglu_mlp(
     )
 
 
+def _residual_rms_norm(
+    hidden_states: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    return _run("residual_rms_norm", (hidden_states, residual, weight, eps))
+
+
+def _mlp_block(
+    residual: Tensor,
+    attn_output: Tensor,
+    o_weight: Tensor,
+    o_bias: Tensor | None,
+    norm_weight: Tensor,
+    eps: float,
+    gate_weight: Tensor,
+    gate_bias: Tensor | None,
+    up_weight: Tensor,
+    up_bias: Tensor | None,
+    down_weight: Tensor,
+    down_bias: Tensor | None,
+) -> Tensor:
+    return _run(
+        "mlp_block",
+        (
+            residual,
+            attn_output,
+            o_weight,
+            o_bias,
+            norm_weight,
+            eps,
+            gate_weight,
+            gate_bias,
+            up_weight,
+            up_bias,
+            down_weight,
+            down_bias,
+        ),
+    )
+
+
+def _attention_prologue(
+    hidden_states: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    q_weight: Tensor,
+    q_bias: Tensor | None,
+    k_weight: Tensor,
+    k_bias: Tensor | None,
+    v_weight: Tensor,
+    v_bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    mrope_section: list[int],
+    head_dim: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _run(
+        "attention_prologue",
+        (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
+        + (mrope_section, head_dim),
+    )
+
+
+def _attention_prologue_mixed(
+    hidden_states: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    q_weight: Tensor,
+    q_bias: Tensor | None,
+    k_weight: Tensor,
+    k_bias: Tensor | None,
+    v_weight: Tensor,
+    v_bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    head_dim: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _run(
+        "attention_prologue_mixed",
+        (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
+        + (head_dim,),
+    )
+
+
 # op name -> (body, fake). The fakes are the reference math run on fake tensors while tracing; like the
 # bodies, they return new tensors, never a view of an input.
 _OPS = {
@@ -81,6 +173,10 @@ _OPS = {
     "mrope": (_mrope, reference.mrope),
     "mrope_mixed": (_mrope_mixed, reference.mrope_mixed),
     "swiglu_mlp": (_swiglu_mlp, reference.swiglu_mlp_weights),
+    "residual_rms_norm": (_residual_rms_norm, reference.residual_rms_norm),
+    "mlp_block": (_mlp_block, reference.mlp_block),
+    "attention_prologue": (_attention_prologue, reference.attention_prologue),
+    "attention_prologue_mixed": (_attention_prologue_mixed, reference.attention_prologue_mixed),
 }
 NAMES = tuple(_OPS)
 
@@ -144,3 +240,7 @@ rms_norm = torch.ops.pto_kernels.rms_norm.default
 mrope = torch.ops.pto_kernels.mrope.default
 mrope_mixed = torch.ops.pto_kernels.mrope_mixed.default
 swiglu_mlp = torch.ops.pto_kernels.swiglu_mlp.default
+residual_rms_norm = torch.ops.pto_kernels.residual_rms_norm.default
+mlp_block = torch.ops.pto_kernels.mlp_block.default
+attention_prologue = torch.ops.pto_kernels.attention_prologue.default
+attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default

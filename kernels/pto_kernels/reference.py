@@ -141,13 +141,13 @@ def mlp_block(
     input. Returns the layer's output."""
     summed = residual + F.linear(attn_output, o_weight, o_bias)
     normed = rms_norm(summed, norm_weight, eps)
-    return summed + swiglu_mlp_weights(normed, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias)
+    return summed + swiglu_mlp_weights(
+        normed, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias
+    )
 
 
-def _projected_heads(
-    hidden_states: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
+def project_heads(
+    normed: torch.Tensor,
     q_weight: torch.Tensor,
     q_bias: torch.Tensor | None,
     k_weight: torch.Tensor,
@@ -156,8 +156,8 @@ def _projected_heads(
     v_bias: torch.Tensor | None,
     head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    normed = rms_norm(hidden_states, norm_weight, eps)
-    b, s = hidden_states.shape[0], hidden_states.shape[1]
+    """The q/k/v projections of normed [b, s, hidden] with their biases, as [b, heads, s, head_dim] views."""
+    b, s = normed.shape[0], normed.shape[1]
     return tuple(
         F.linear(normed, w, bias).view(b, s, -1, head_dim).transpose(1, 2)
         for w, bias in ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
@@ -182,9 +182,8 @@ def attention_prologue(
     """Everything a decoder layer does before the attention core (transformers <= 5.16's sectioned MRoPE):
     the input RMSNorm of hidden_states [b, s, hidden], the q/k/v projections with their biases, and MRoPE on
     q and k with cos/sin [3, b, s, head_dim]. Returns q, k, v as [b, heads, s, head_dim]."""
-    q, k, v = _projected_heads(
-        hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim
-    )
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
     q, k = mrope(q, k, cos, sin, mrope_section, 1)
     return q, k, v
 
@@ -204,8 +203,7 @@ def attention_prologue_mixed(
     head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_prologue for transformers 5.20+, whose cos/sin arrive section-mixed as [b, s, head_dim]."""
-    q, k, v = _projected_heads(
-        hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim
-    )
+    normed = rms_norm(hidden_states, norm_weight, eps)
+    q, k, v = project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
     q, k = mrope_mixed(q, k, cos, sin, 1)
     return q, k, v

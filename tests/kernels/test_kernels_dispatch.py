@@ -133,7 +133,14 @@ def test_strict_mode_raises(monkeypatch):
 
 
 def test_stats_cover_every_op():
-    assert set(pto_kernels.stats()) == {"rms_norm", "mrope", "swiglu_mlp"}
+    assert set(pto_kernels.stats()) == {
+        "rms_norm",
+        "mrope",
+        "swiglu_mlp",
+        "residual_rms_norm",
+        "mlp_block",
+        "attention_prologue",
+    }
 
 
 def test_mrope_tables_mixed_once_per_forward():
