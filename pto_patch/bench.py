@@ -127,7 +127,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         finally:
             stats = kernels.stats()
             kernels.disable()
-        ops = op_reports(stats, switched_on)
+        ops = op_reports(stats, switched_on, loaded.text_layers)
         more_failures, more_warnings = op_failures(ops, strict=False)
         failures += [f"batch {batch}: {message}" for message in more_failures]
         warnings += [f"batch {batch}: {message}" for message in more_warnings]

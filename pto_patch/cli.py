@@ -50,7 +50,12 @@ ModelPathOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 OpsOpt = Annotated[
     str | None,
-    typer.Option("--ops", help="Comma-separated subset of rms_norm,mrope,swiglu_mlp (default: all)."),
+    typer.Option(
+        "--ops",
+        help="Comma-separated ops: rms_norm, mrope, swiglu_mlp, and the decoder-layer blocks "
+        "residual_rms_norm, mlp_block, attention_prologue; or all. Default: apply patches in all; "
+        "runs switch on the patched ones of the first three (the reference's flags).",
+    ),
 ]
 
 

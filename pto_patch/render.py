@@ -409,11 +409,13 @@ def _ops_table(ops) -> None:
         table.add_column(column, justify="right" if column in ("calls", "fallbacks") else "left")
     for op, entry in ops.items():
         backends = ", ".join(f"{name} {count}" for name, count in entry.backends.items())
+        inside = f"inside {entry.inside}" if entry.inside else None
+        per_layer = f" ({entry.calls_per_layer:g} per layer)" if entry.calls_per_layer and entry.calls else ""
         table.add_row(
             op,
             "yes" if entry.switched_on else "no",
-            backends or (entry.backend or "-"),
-            str(entry.calls),
+            backends or inside or (entry.backend or "-"),
+            f"{entry.calls}{per_layer}",
             str(entry.fallbacks),
         )
     out.print(table)

@@ -145,6 +145,8 @@ class OpReport:
     first_fallback_error: str | None = None
     captured: int = 0  # calls made while a device graph was captured (ACL graph, CUDA graph)
     replays: int = 0  # replays of such a graph, where they were counted
+    inside: str | None = None  # the block that ran this op's work while its own guard was not reached
+    calls_per_layer: float | None = None  # a decoder-layer block's calls / the model's decoder layers
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,6 +18,11 @@ from pto_patch.resources import templates_dir
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops in one launch).
 OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
+# The decoder-layer blocks, and the ops each does the work of: while a block is on, the guards of those ops
+# inside a decoder layer are not reached (their calls stay 0 there), which is not a failure.
+BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags
+BLOCKS = {"attention_prologue": ("mrope",), "mlp_block": ("swiglu_mlp", "residual_rms_norm")}
 # The kernel package's switch for each op; the patched code reads it at every call.
 SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
 
@@ -228,6 +233,12 @@ def load_spec(name: str) -> ModelSpec:
 def all_specs() -> list[ModelSpec]:
     """Every built-in spec, by name."""
     return [load_spec(name) for name in known_specs()]
+
+
+def default_run_ops(patched: tuple[str, ...]) -> tuple[str, ...]:
+    """What a run switches on without --ops: the reference's flags among the patched ops (the blocks are
+    asked for by name or with `all`); a folder patched with blocks only runs those."""
+    return tuple(op for op in patched if op in REFERENCE_OPS) or patched
 
 
 def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:

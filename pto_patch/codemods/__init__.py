@@ -17,12 +17,14 @@ from pto_patch.codemods.absolute_imports import AbsoluteImports
 from pto_patch.codemods.banner import Banner
 from pto_patch.codemods.checkpoint_conversion import CheckpointConversion
 from pto_patch.codemods.context import Codemod, PatchContext
+from pto_patch.codemods.inject_attention_prologue import InjectAttentionPrologue
+from pto_patch.codemods.inject_mlp_block import InjectMlpBlock
 from pto_patch.codemods.inject_mrope import InjectMrope
+from pto_patch.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
 from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
 from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
-from pto_patch.spec import OPS
 
 __all__ = [
     "PatchContext",
@@ -31,10 +33,14 @@ __all__ = [
     "rewrite_modeling",
 ]
 
+# In the order they run: mlp_block before residual_rms_norm, whose add + norm then sits in mlp_block's else.
 INJECTIONS: dict[str, type[Codemod]] = {
     "rms_norm": InjectRmsNorm,
     "mrope": InjectMrope,
     "swiglu_mlp": InjectSwigluMlp,
+    "attention_prologue": InjectAttentionPrologue,
+    "mlp_block": InjectMlpBlock,
+    "residual_rms_norm": InjectResidualRmsNorm,
 }
 
 
@@ -46,7 +52,7 @@ def gather_codemods(ctx: PatchContext, *, configuration: bool = False) -> list[C
         # First: the rest then sees the absolute import of an imported RMSNorm class, as written.
         AbsoluteImports(),
         # Injections look targets up by the release's own class names, before any rename.
-        *(INJECTIONS[op]() for op in OPS if op in ctx.ops),
+        *(codemod() for op, codemod in INJECTIONS.items() if op in ctx.ops),
         # Needs the original class names (to look up transformers' mappings), so before renaming.
         CheckpointConversion(),
         # After everything that finds classes by their original names.

@@ -101,3 +101,57 @@ def guard_statements(
         cst.FunctionDef, guard.visit(PlaceholderSubstituter(names, {SWITCH_PLACEHOLDER: switch}))
     )
     return tuple(substituted.body.body)
+
+
+def _fill_block(statements: Sequence[cst.BaseStatement], fills: Mapping[str, Sequence[cst.BaseStatement]]):
+    """`statements` with each line holding only a placeholder name replaced by that placeholder's statements,
+    in nested blocks too."""
+    out: list[cst.BaseStatement] = []
+    for statement in statements:
+        if (
+            isinstance(statement, cst.SimpleStatementLine)
+            and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, cst.Name)
+            and statement.body[0].value.value in fills
+        ):
+            out.extend(fills[statement.body[0].value.value])
+            continue
+        if isinstance(statement, cst.If):
+            statement = _fill_if(statement, fills)
+        out.append(statement)
+    return out
+
+
+def _fill_if(statement: cst.If, fills: Mapping[str, Sequence[cst.BaseStatement]]) -> cst.If:
+    body = statement.body.with_changes(body=_fill_block(statement.body.body, fills))
+    orelse = statement.orelse
+    if isinstance(orelse, cst.Else):
+        orelse = orelse.with_changes(body=orelse.body.with_changes(body=_fill_block(orelse.body.body, fills)))
+    elif isinstance(orelse, cst.If):
+        orelse = _fill_if(orelse, fills)
+    return statement.with_changes(body=body, orelse=orelse)
+
+
+def template_piece(
+    name: str,
+    function: str,
+    names: Mapping[str, cst.BaseExpression],
+    statements: Mapping[str, Sequence[cst.BaseStatement]] | None = None,
+    switch: str | None = None,
+) -> tuple[cst.BaseStatement, ...]:
+    """The body of `function` in template `name`, its placeholder names replaced by `names`, its placeholder
+    lines by `statements`, and the string "SWITCH" by `switch`."""
+    strings = {SWITCH_PLACEHOLDER: switch} if switch else {}
+    substituted = cast(
+        cst.FunctionDef, template_function(name, function).visit(PlaceholderSubstituter(names, strings))
+    )
+    fills = dict(statements or {})
+    wrapped = fills.get("ORIGINAL")
+    lead = wrapped[0].leading_lines if wrapped and isinstance(wrapped[0], cst.SimpleStatementLine) else ()
+    if lead:  # the blank lines and comments that led the wrapped code now lead the piece
+        fills["ORIGINAL"] = [wrapped[0].with_changes(leading_lines=()), *wrapped[1:]]
+    piece = _fill_block(substituted.body.body, fills)
+    if lead:
+        piece[0] = piece[0].with_changes(leading_lines=lead)
+    return tuple(piece)

@@ -96,6 +96,11 @@ class LoadedModel:
     kernels: Any = None  # the folder's pto_kernels module when --use_pto
     other_patchers: list[OtherPatcher] = field(default_factory=list)
 
+    @property
+    def text_layers(self) -> int | None:
+        """The text decoder's layer count (what a decoder-layer block's calls are per)."""
+        return getattr(_text_config(self.model.config), "num_hidden_layers", None)
+
 
 def _keys(info: dict[str, Any], name: str) -> list[str]:
     value = info.get(name) or []

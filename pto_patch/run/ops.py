@@ -11,7 +11,7 @@ from typing import Any
 
 from pto_patch.report import OpReport
 from pto_patch.run.folder import FolderState
-from pto_patch.spec import OPS, ModelSpec, parse_ops
+from pto_patch.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, default_run_ops, parse_ops
 
 KERNEL_BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 
@@ -93,7 +93,7 @@ def choose_ops(
     if options_ops is not None:
         ops = parse_ops(options_ops, spec)
     else:
-        ops = state.patched_ops or parse_ops(None, spec)
+        ops = default_run_ops(state.patched_ops or parse_ops(None, spec))
     if not use_dynamic_config:
         return ops, None
     table = tuned_choice(tuning, batch, ops) if tuning is not None else dynamic_choice(batch, ops)
@@ -116,10 +116,23 @@ def set_switches(kernels, ops: tuple[str, ...], backend: str | dict[str, str]) -
         kernels.disable()
 
 
-def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str, OpReport]:
+def _inside(op: str, stats: dict[str, Any], switched_on: tuple[str, ...]) -> str | None:
+    """The block that ran in `op`'s place: switched on, with calls, and doing `op`'s work."""
+    for block, covered in BLOCKS.items():
+        if op in covered and block in switched_on and int((stats.get(block) or {}).get("calls", 0)):
+            return block
+    return None
+
+
+def op_reports(
+    stats: dict[str, Any], switched_on: tuple[str, ...], layers: int | None = None
+) -> dict[str, OpReport]:
+    """Per op, what ran; `layers` (the text decoder's layer count) gives the blocks' calls per layer."""
     reports = {}
     for op in OPS:
         entry = stats.get(op) or {}
+        calls = int(entry.get("calls", 0))
+        per_layer = round(calls / layers, 3) if layers and op in BLOCK_OPS else None
         reports[op] = OpReport(
             switched_on=op in switched_on,
             backend=entry.get("backend"),
@@ -129,6 +142,8 @@ def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str,
             first_fallback_error=entry.get("first_fallback_error"),
             captured=int(entry.get("captured", 0)),  # absent from older kernel packages
             replays=int(entry.get("replays", 0)),
+            inside=_inside(op, stats, switched_on) if op in switched_on and not calls else None,
+            calls_per_layer=per_layer,
         )
     return reports
 
@@ -136,7 +151,7 @@ def op_reports(stats: dict[str, Any], switched_on: tuple[str, ...]) -> dict[str,
 def op_failures(reports: dict[str, OpReport], strict: bool) -> tuple[list[str], list[str]]:
     failures, warnings = [], []
     for op, report in reports.items():
-        if report.switched_on and report.calls == 0:
+        if report.switched_on and report.calls == 0 and report.inside is None:
             failures.append(f"{op} was switched on but never ran (0 calls): the injection is not reached")
         if not report.switched_on and report.calls:
             failures.append(f"{op} ran {report.calls} time(s) although it was switched off")

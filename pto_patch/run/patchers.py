@@ -47,23 +47,26 @@ def _describe(function) -> str:
     return f"{getattr(function, '__module__', None) or '?'}.{name}"
 
 
-def _guard_targets(module, switches: dict[str, str]) -> dict[str, str]:
-    """{name: op} for each class or function of the patched module that carried a guard when apply wrote
-    it: read from the module's source (so a forward replaced since still counts), and by behaviour."""
+def _guard_targets(module, switches: dict[str, str]) -> dict[str, list[str]]:
+    """{name: [op]} for each class or function of the patched module that carried guards when apply wrote
+    it (a decoder layer carries one per block): read from the module's source (so a forward replaced since
+    still counts), and by behaviour."""
     from pto_patch.injections_found import find_injections
 
-    targets: dict[str, str] = {}
+    targets: dict[str, list[str]] = {}
     try:
         source = Path(module.__file__).read_text(encoding="utf-8")
     except (OSError, TypeError, AttributeError):
         source = None
     if source is not None:
         for op, names in find_injections(source, switches).items():
-            targets.update(dict.fromkeys(names, op))
+            for name in names:
+                targets.setdefault(name, []).append(op)
     for name, value in vars(module).items():
         function = value.__dict__.get("forward") if isinstance(value, type) else value
-        for op in guarded_ops(function, switches):
-            targets.setdefault(name, op)
+        for op in sorted(guarded_ops(function, switches)):
+            if op not in targets.setdefault(name, []):
+                targets[name].append(op)
     return targets
 
 
@@ -88,20 +91,18 @@ def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
         if name in targets and inspect.isclass(value) and issubclass(value, torch.nn.Module)
     }
     found: list[OtherPatcher] = []
-    for name, op in targets.items():
+    for name, ops in targets.items():
         value = vars(module).get(name)
         if value is None or (inspect.isclass(value) and value in classes):
             continue
-        if inspect.isclass(value) or op not in guarded_ops(value, switches):
-            found.append(
-                OtherPatcher(
-                    op, f"{module.__name__}.{name}", f"module global replaced by {_describe(value)}", True
-                )
-            )
-    functions = {name for name, op in targets.items() if not inspect.isclass(vars(module).get(name))}
+        for op in ops:
+            if inspect.isclass(value) or op not in guarded_ops(value, switches):
+                how = f"module global replaced by {_describe(value)}"
+                found.append(OtherPatcher(op, f"{module.__name__}.{name}", how, True))
+    functions = {name for name in targets if not inspect.isclass(vars(module).get(name))}
     for path, layer in model.named_modules():
-        op = next((op for cls, op in classes.items() if isinstance(layer, cls)), None)
-        if op is not None:
+        ops = next((ops for cls, ops in classes.items() if isinstance(layer, cls)), ())
+        for op in ops:
             found.extend(_forward_patchers(path or "<model>", layer, op, switches))
         found.extend(_kernelized_functions(path or "<model>", layer, module, functions, targets, switches))
     if "kernels" in sys.modules:
@@ -138,8 +139,8 @@ def _forward_patchers(path: str, layer, op: str, switches: dict[str, str]) -> li
             OtherPatcher(op, path, f"forward set on the instance{by}: {_describe(instance_forward)}", True)
         ]
     class_forward = type(layer).forward
-    if op in guarded_ops(class_forward, switches):
-        return []
+    if op in guarded_ops(class_forward, switches) or _wraps_guard(class_forward, op, switches):
+        return []  # the guarded forward, or a decorator of it (transformers' deprecate_kwarg) calling it
     return [OtherPatcher(op, path, f"class forward replaced: {_describe(class_forward)}", True)]
 
 
@@ -157,7 +158,7 @@ def _kernelized_functions(path, layer, module, functions, targets, switches) -> 
     for name, function in hidden.items():
         if name not in functions or function is vars(module).get(name):
             continue
-        op = targets[name]
+        op = targets[name][0]
         if op in guarded_ops(getattr(function, "forward", function), switches):
             continue
         how = f"use_kernelized_func holds {_describe(function)} for {name}"

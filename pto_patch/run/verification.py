@@ -138,7 +138,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
 
     if options.use_pto:
         report.pto = timed["pto"]
-        report.ops = op_reports(stats, switched_on)
+        report.ops = op_reports(stats, switched_on, loaded.text_layers)
         more_failures, more_warnings = op_failures(report.ops, options.strict)
         report.failures += more_failures
         report.warnings += more_warnings
