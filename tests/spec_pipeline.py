@@ -85,7 +85,11 @@ def apply_verify_restore(
     report = json.loads(done.stdout)
     assert report["passed"] and report["input"]["kind"] == "image"
     assert report["accuracy"]["passed"] and report["accuracy"]["logits_within_tolerance"]
-    assert all(entry["calls"] > 0 for entry in report["pto"]["ops"].values()), report["pto"]["ops"]
+    ops = report["pto"]["ops"]
+    assert all(ops[op]["calls"] > 0 for op in report["switched_on"]), ops
+    assert report["switched_on"] == ["rms_norm", "mrope", "swiglu_mlp"], (
+        "a run's default: the reference's ops"
+    )
     load_info = report["load_info"]
     assert load_info["missing_keys"] == load_info["unexpected_keys"] == load_info["mismatched_keys"] == []
     assert run_in_process("restore", "--model", model, "--model-path", str(folder)) == 0

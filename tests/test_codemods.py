@@ -21,6 +21,7 @@ from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
 from pto_patch.injections_found import find_injections
 from pto_patch.spec import load_spec
+from tests.test_codemods_blocks import DECODER
 
 FILE = "modeling_qwen2_5_vl.py"
 
@@ -459,6 +460,8 @@ SMALL_MODELING = (
     + dedent(SECTIONED)
     + "\n\n"
     + dedent(MODELS)
+    + "\n\n"
+    + DECODER  # a decoder layer and its attention, for the blocks
 )
 
 

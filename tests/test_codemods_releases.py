@@ -128,7 +128,8 @@ def counting_kernels() -> types.ModuleType:
 
     kernels = types.ModuleType("pto_kernels")
     kernels.calls = {op: 0 for op in OPS}
-    kernels.USE_PTO_RMS_NORM = kernels.USE_PTO_MROPE = kernels.USE_PTO_SWIGLU_MLP = False
+    for op in OPS:
+        setattr(kernels, f"USE_PTO_{op.upper()}", False)
 
     def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
         kernels.calls["rms_norm"] += 1
@@ -151,15 +152,59 @@ def counting_kernels() -> types.ModuleType:
 
     def mrope_pto_correct(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
         kernels.calls["mrope"] += 1
+        return sectioned(q, k, cos, sin, mrope_section, unsqueeze_dim)
+
+    def sectioned(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
         sections = list(mrope_section) * 2
         cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1)
         sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1)
         return rotate(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
 
+    def residual_rms_norm_wrapper(hidden_states, residual, norm):
+        kernels.calls["residual_rms_norm"] += 1
+        summed = residual + hidden_states
+        return rms_norm(summed, norm), summed
+
+    def rms_norm(x, norm):
+        return rms_norm_wrapper_math(x, norm.weight, norm.variance_epsilon)
+
+    def rms_norm_wrapper_math(hidden_states, weight, eps):
+        x = hidden_states.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x.to(hidden_states.dtype)
+
+    def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
+        kernels.calls["mlp_block"] += 1
+        summed = residual + o_proj(attn_output)
+        normed = rms_norm(summed, norm)
+        return summed + mlp.down_proj(mlp.act_fn(mlp.gate_proj(normed)) * mlp.up_proj(normed))
+
+    def heads(attention, norm, hidden_states):
+        normed = rms_norm(hidden_states, norm)
+        b, s = hidden_states.shape[:2]
+        return [
+            proj(normed).view(b, s, -1, attention.head_dim).transpose(1, 2)
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+        ]
+
+    def attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_section):
+        kernels.calls["attention_prologue"] += 1
+        q, k, v = heads(attention, norm, hidden_states)
+        return (*sectioned(q, k, cos, sin, mrope_section), v)
+
+    def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
+        kernels.calls["attention_prologue"] += 1
+        q, k, v = heads(attention, norm, hidden_states)
+        return (*rotate(q, k, cos.unsqueeze(1), sin.unsqueeze(1)), v)
+
     kernels.rms_norm_wrapper = rms_norm_wrapper
     kernels.swiglu_mlp_wrapper = swiglu_mlp_wrapper
     kernels.mrope_mixed_wrapper = mrope_mixed_wrapper
     kernels.mrope_pto_correct = mrope_pto_correct
+    kernels.residual_rms_norm_wrapper = residual_rms_norm_wrapper
+    kernels.mlp_block_wrapper = mlp_block_wrapper
+    kernels.attention_prologue_wrapper = attention_prologue_wrapper
+    kernels.attention_prologue_mixed_wrapper = attention_prologue_mixed_wrapper
     return kernels
 
 

@@ -94,7 +94,7 @@ def test_a_new_fine_tune_by_spec_file_alone(spec_file: Path, tmp_path: Path, mon
     assert config["vision_config"]["depth"] == 3 and config["tie_word_embeddings"] is False
 
     report = apply_verify_restore(model, folder, tmp_path, ["--dtype", "fp32"], capsys=capsys)
-    assert set(report["pto"]["ops"]) == {"rms_norm", "mrope", "swiglu_mlp"}
+    assert set(report["switched_on"]) == {"rms_norm", "mrope", "swiglu_mlp"}  # the spec's three ops
     assert report["load_info"]["lm_head_tied"] is None  # untied, as the spec says
 
     # The spec's own folder variable is honoured too: status finds the folder through it.

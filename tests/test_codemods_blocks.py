@@ -1,0 +1,325 @@
+"""The decoder-layer block codemods (attention_prologue, mlp_block, residual_rms_norm): before and after on a
+small decoder layer written like transformers', the rewritten code run with every switch combination
+against the original, their missing anchors, and idempotence."""
+
+import sys
+import types
+
+import libcst as cst
+import pytest
+import torch
+
+from pto_patch.codemods.inject_attention_prologue import InjectAttentionPrologue
+from pto_patch.codemods.inject_mlp_block import InjectMlpBlock
+from pto_patch.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
+from pto_patch.errors import AnchorNotFoundError
+from pto_patch.injections_found import find_injections
+from pto_patch.patch_context import PatchContext
+from pto_patch.spec import load_spec
+
+FILE = "modeling_qwen2_5_vl.py"
+
+# A decoder layer shaped like transformers 5.16's (sectioned rotary) in a few lines that run.
+DECODER = """\
+import torch
+from torch import nn
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
+    mrope_section = mrope_section * 2
+    cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(mrope_section, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(mrope_section, dim=-1))], dim=-1).unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Qwen2_5_VLRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size) + 0.1 * torch.randn(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, hidden, inter):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2_5_VLAttention(nn.Module):
+    def __init__(self, hidden, heads, kv_heads):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.section = [2, 1, 1]
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, hidden_states, position_embeddings=None, **kwargs):
+        bsz, q_len, _ = hidden_states.size()
+
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+
+        query_states = query_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        key_states = key_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        value_states = value_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_multimodal_rotary_pos_emb(
+            query_states, key_states, cos, sin, self.section
+        )
+        groups = query_states.shape[1] // key_states.shape[1]
+        key_states = key_states.repeat_interleave(groups, dim=1)
+        value_states = value_states.repeat_interleave(groups, dim=1)
+        attn_output = torch.nn.functional.scaled_dot_product_attention(query_states, key_states, value_states, **kwargs)
+        attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, None
+
+
+class Qwen2_5_VLDecoderLayer(nn.Module):
+    def __init__(self, hidden=32, heads=4, kv_heads=2, inter=48):
+        super().__init__()
+        self.self_attn = Qwen2_5_VLAttention(hidden, heads, kv_heads)
+        self.mlp = Qwen2MLP(hidden, inter)
+        self.input_layernorm = Qwen2_5_VLRMSNorm(hidden)
+        self.post_attention_layernorm = Qwen2_5_VLRMSNorm(hidden)
+
+    def forward(self, hidden_states, position_embeddings=None, **kwargs):
+        \"\"\"A decoder layer.\"\"\"
+        residual = hidden_states
+
+        hidden_states = self.input_layernorm(hidden_states)
+
+        # Self Attention
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+"""
+BLOCKS = ("attention_prologue", "mlp_block", "residual_rms_norm")
+CODEMODS = {
+    "attention_prologue": InjectAttentionPrologue,
+    "mlp_block": InjectMlpBlock,
+    "residual_rms_norm": InjectResidualRmsNorm,
+}
+
+
+@pytest.fixture(scope="module")
+def ctx() -> PatchContext:
+    return PatchContext(spec=load_spec("gutenocr_3b"), ops=BLOCKS, release="9.9.9")
+
+
+def run(codemod, source: str, ctx: PatchContext) -> str:
+    return codemod.transform(cst.parse_module(source), ctx, FILE).code
+
+
+def inject_blocks(source: str, ctx: PatchContext) -> str:
+    """The three block codemods in the order rewrite_modeling runs them."""
+    for codemod in CODEMODS.values():
+        source = run(codemod(), source, ctx)
+    return source
+
+
+def _stand_in_kernels() -> types.ModuleType:
+    """A `pto_kernels` whose blocks count their calls and compute with the modules handed to them."""
+    kernels = types.ModuleType("pto_kernels")
+    kernels.calls = dict.fromkeys(BLOCKS, 0)
+    for op in BLOCKS:
+        setattr(kernels, f"USE_PTO_{op.upper()}", False)
+
+    def residual_rms_norm_wrapper(hidden_states, residual, norm):
+        kernels.calls["residual_rms_norm"] += 1
+        return norm(residual + hidden_states), residual + hidden_states
+
+    def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
+        kernels.calls["mlp_block"] += 1
+        summed = residual + o_proj(attn_output)
+        return summed + mlp(norm(summed))
+
+    def attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, section):
+        kernels.calls["attention_prologue"] += 1
+        normed = norm(hidden_states)
+        b, s = hidden_states.shape[:2]
+        q, k, v = (
+            proj(normed).view(b, s, -1, attention.head_dim).transpose(1, 2)
+            for proj in (attention.q_proj, attention.k_proj, attention.v_proj)
+        )
+        module = sys.modules[type(attention).__module__]
+        return (*module.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section), v)
+
+    kernels.residual_rms_norm_wrapper = residual_rms_norm_wrapper
+    kernels.mlp_block_wrapper = mlp_block_wrapper
+    kernels.attention_prologue_wrapper = attention_prologue_wrapper
+    return kernels
+
+
+def _load(source: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+
+
+def test_each_block_injects_its_guard_and_nothing_else(ctx):
+    for op, codemod in CODEMODS.items():
+        assert find_injections(run(codemod(), DECODER, ctx)) == {op: ["Qwen2_5_VLDecoderLayer"]}
+
+
+def test_mlp_block_before_and_after(ctx):
+    after = run(InjectMlpBlock(), DECODER, ctx)
+    layer = after[after.index("class Qwen2_5_VLDecoderLayer") :]
+    assert '        """A decoder layer."""\n        pto_kernels = sys.modules.get("pto_kernels")\n' in layer
+    assert (
+        '        if pto_kernels is not None and getattr(pto_kernels, "USE_PTO_MLP_BLOCK", False):\n'
+        '            kwargs["pto_defer_o_proj"] = True\n'
+    ) in layer
+    run_block = " ".join(layer[layer.index("if kwargs.get") :].split())
+    assert run_block.startswith(
+        'if kwargs.get("pto_defer_o_proj", False): hidden_states = sys.modules["pto_kernels"].mlp_block_wrapper('
+        "residual, hidden_states, self.self_attn.o_proj, self.post_attention_layernorm, self.mlp) "
+        "else: hidden_states = residual + hidden_states # Fully Connected residual = hidden_states"
+    )
+    attention = after[after.index("class Qwen2_5_VLAttention") : after.index("class Qwen2_5_VLDecoderLayer")]
+    assert 'pto_defer_o_proj = kwargs.pop("pto_defer_o_proj", False)' in attention
+    assert (
+        "        if not pto_defer_o_proj:\n            attn_output = self.o_proj(attn_output)\n" in attention
+    )
+    assert after.startswith("import sys\n")
+
+
+def test_attention_prologue_keeps_what_the_block_does_not_replace(ctx):
+    after = run(InjectAttentionPrologue(), DECODER, ctx)
+    attention = after[after.index("class Qwen2_5_VLAttention") : after.index("class Qwen2_5_VLDecoderLayer")]
+    block = attention[
+        attention.index("if pto_input_layernorm is not None:") : attention.index("        else:")
+    ]
+    # cos, sin are still unpacked (the rest of the forward may read them); the projections are not run
+    assert "cos, sin = position_embeddings" in block and "self.q_proj" not in block
+    assert "attention_prologue_wrapper(\n" in block and "self.section" in block
+    layer = after[after.index("class Qwen2_5_VLDecoderLayer") :]
+    assert (
+        'if "pto_input_layernorm" not in kwargs:\n            hidden_states = self.input_layernorm' in layer
+    )
+
+
+@pytest.mark.parametrize(
+    "switched_on",
+    [
+        (),
+        ("attention_prologue",),
+        ("mlp_block",),
+        ("residual_rms_norm",),
+        ("mlp_block", "residual_rms_norm"),
+        BLOCKS,
+    ],
+    ids=lambda ops: "+".join(ops) or "off",
+)
+def test_rewritten_layer_runs_the_switched_on_blocks_and_matches_the_original(ctx, switched_on, monkeypatch):
+    patched_source = inject_blocks(DECODER, ctx)
+    original = _load(DECODER, "small_original")
+    patched = _load(patched_source, "small_patched")
+    kernels = _stand_in_kernels()
+    monkeypatch.setitem(sys.modules, "pto_kernels", kernels)
+    torch.manual_seed(0)
+    layer = original.Qwen2_5_VLDecoderLayer()
+    patched_layer = patched.Qwen2_5_VLDecoderLayer()
+    patched_layer.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 3, 32)
+    angles = torch.randn(3, 2, 3, 4).repeat(1, 1, 1, 2)
+    tables = (angles.cos(), angles.sin())
+    for op in switched_on:
+        setattr(kernels, f"USE_PTO_{op.upper()}", True)
+    with torch.no_grad():
+        expected = layer(x, position_embeddings=tables)
+        actual = patched_layer(x, position_embeddings=tables)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+    ran = {op for op, calls in kernels.calls.items() if calls}
+    # mlp_block does the residual add + norm itself: with both on, only mlp_block runs
+    assert ran == set(switched_on) - ({"residual_rms_norm"} if "mlp_block" in switched_on else set())
+
+
+def test_a_wrong_block_is_caught_by_the_comparison(ctx, monkeypatch):
+    """The comparison above can fail: a block that drops its first residual add differs from the layer."""
+    patched = _load(inject_blocks(DECODER, ctx), "small_patched_wrong")
+    kernels = _stand_in_kernels()
+    kernels.mlp_block_wrapper = lambda residual, attn, o_proj, norm, mlp: (
+        o_proj(attn) + mlp(norm(o_proj(attn)))
+    )
+    kernels.USE_PTO_MLP_BLOCK = True
+    monkeypatch.setitem(sys.modules, "pto_kernels", kernels)
+    torch.manual_seed(0)
+    layer = patched.Qwen2_5_VLDecoderLayer()
+    x, angles = torch.randn(1, 2, 32), torch.randn(3, 1, 2, 4).repeat(1, 1, 1, 2)
+    with torch.no_grad():
+        actual = layer(x, position_embeddings=(angles.cos(), angles.sin()))
+        kernels.USE_PTO_MLP_BLOCK = False
+        expected = layer(x, position_embeddings=(angles.cos(), angles.sin()))
+    assert not torch.allclose(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_blocks_are_injected_once(ctx):
+    once = inject_blocks(DECODER, ctx)
+    for codemod in CODEMODS.values():
+        assert run(codemod(), once, ctx) == once
+
+
+@pytest.mark.parametrize(
+    ("op", "change", "message"),
+    [
+        ("attention_prologue", ("Qwen2_5_VLDecoderLayer", "OtherLayer"), "no decoder layer class"),
+        (
+            "attention_prologue",
+            ("        hidden_states = self.input_layernorm(hidden_states)\n", ""),
+            "before its attention",
+        ),
+        ("attention_prologue", ("apply_multimodal_rotary_pos_emb(\n", "rotate_all(\n"), "q/k/v projections"),
+        ("mlp_block", ("        hidden_states = self.mlp(hidden_states)\n", ""), "residual add, norm, MLP"),
+        ("mlp_block", ("        attn_output = self.o_proj(attn_output)\n", ""), "o_proj"),
+        (
+            "mlp_block",
+            ('position_embeddings=None, **kwargs):\n        """', 'position_embeddings=None):\n        """'),
+            "kwargs",
+        ),
+        (
+            "residual_rms_norm",
+            (
+                "        residual = hidden_states\n        hidden_states = self.post",
+                "        hidden_states = self.post",
+            ),
+            "residual copy",
+        ),
+    ],
+)
+def test_a_missing_anchor_names_what_is_missing_and_hints(ctx, op, change, message):
+    source = DECODER.replace(*change)
+    assert source != DECODER
+    with pytest.raises(AnchorNotFoundError, match=message) as caught:
+        run(CODEMODS[op](), source, ctx)
+    assert caught.value.hint and op in str(caught.value) + caught.value.hint
