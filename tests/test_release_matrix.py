@@ -68,16 +68,29 @@ sys.path.insert(0, str(folder))
 import pto_kernels
 facts["kernels_from"] = pto_kernels.__file__
 
-# Every op on with the fused backend against the switches off: the same bits, or where they part.
+# The ops a run can switch on together: the reference's three; the two blocks that cover a whole decoder
+# layer but its attention core (with rms_norm for the final and the vision norms); the residual add + norm.
+GROUPS = {
+    "reference": pto_kernels.REFERENCE_OPS,
+    "blocks": ("rms_norm", "attention_prologue", "mlp_block"),
+    "residual": ("residual_rms_norm",),
+}
+
+
+# Each group on with the fused backend against the switches off: the same bits, or where they part.
 def fused_pass(model, inputs):
+    return {group: fused_group(model, inputs, ops) for group, ops in GROUPS.items()}
+
+
+def fused_group(model, inputs, group):
     def logits(ops):
         with torch.no_grad(), pto_kernels.enabled(ops=ops, backend="fused"):
             return model(**inputs).logits
 
     off = logits(())
     pto_kernels.reset_stats()
-    on = logits(pto_kernels.OPS)
-    stats = pto_kernels.stats()
+    on = logits(group)
+    stats = {op: s for op, s in pto_kernels.stats().items() if op in group}
     differ = on != off
     return {
         "dtype": str(on.dtype),
@@ -88,7 +101,7 @@ def fused_pass(model, inputs):
         # Which op alone already changes the bits (only looked at when all together do).
         "bit_equal_alone": {}
         if torch.equal(on, off)
-        else {op: torch.equal(logits((op,)), off) for op in pto_kernels.OPS},
+        else {op: torch.equal(logits((op,)), off) for op in group},
         "backends": {op: s["backends"] for op, s in stats.items()},
         "fallbacks": {op: s["fallbacks"] for op, s in stats.items()},
         "first_fallback_error": {op: s["first_fallback_error"] for op, s in stats.items()},
@@ -99,16 +112,20 @@ def compare(name, inputs):
     with torch.no_grad():
         reference = stock(**inputs).logits
         off = patched(**inputs).logits
-        pto_kernels.reset_stats()
-        with pto_kernels.enabled(backend="torch"):
-            on = patched(**inputs).logits
-    stats = pto_kernels.stats()
+        on, calls, fallbacks = {}, {}, {}
+        for group, ops in GROUPS.items():
+            pto_kernels.reset_stats()
+            with pto_kernels.enabled(ops, backend="torch"):
+                on[group] = (patched(**inputs).logits - reference).abs().max().item()
+            stats = pto_kernels.stats()
+            calls[group] = {op: stats[op]["calls"] for op in ops}
+            fallbacks[group] = {op: stats[op]["fallbacks"] for op in ops}
     facts[name] = {
         "max_diff_off": (off - reference).abs().max().item(),
-        "max_diff_on": (on - reference).abs().max().item(),
+        "max_diff_on": on,
         "logit_std": reference.std().item(),
-        "calls": {op: s["calls"] for op, s in stats.items()},
-        "fallbacks": {op: s["fallbacks"] for op, s in stats.items()},
+        "calls": calls,
+        "fallbacks": fallbacks,
         "inputs": sorted(inputs),
         "fused": [fused_pass(patched, inputs)],
     }
@@ -214,11 +231,11 @@ def check_logits(release: str, name: str, result: dict) -> None:
     assert result["max_diff_off"] == 0.0, (
         f"{where}: switches off differ from stock by {result['max_diff_off']}"
     )
-    assert result["max_diff_on"] < 1e-4, (
-        f"{where}: torch kernels differ from stock by {result['max_diff_on']}"
-    )
-    assert all(calls > 0 for calls in result["calls"].values()), f"{where}: {result['calls']}"
-    assert not any(result["fallbacks"].values()), f"{where}: {result['fallbacks']}"
+    for group, diff in result["max_diff_on"].items():
+        assert diff < 1e-4, f"{where}: torch kernels ({group}) differ from stock by {diff}"
+        calls, fallbacks = result["calls"][group], result["fallbacks"][group]
+        assert all(count > 0 for count in calls.values()), f"{where}, {group}: {calls}"
+        assert not any(fallbacks.values()), f"{where}, {group}: {fallbacks}"
 
 
 @pytest.mark.slow
@@ -248,7 +265,8 @@ def test_image_logits_match_stock_with_switches_off_and_on(under_release):
     # 5.8+ place image tokens by mm_token_type_ids; without it positions silently fall back to 1-D.
     assert ("mm_token_type_ids" in image["inputs"]) == image["stock_takes_mm_token_type_ids"]
     check_logits(release, "image", image)
-    assert image["calls"]["rms_norm"] > facts["text"]["calls"]["rms_norm"]  # the vision tower's norms too
+    # the vision tower's norms too
+    assert image["calls"]["reference"]["rms_norm"] > facts["text"]["calls"]["reference"]["rms_norm"]
 
 
 @pytest.mark.slow
@@ -258,10 +276,12 @@ def test_fused_backend_gives_the_eager_bits_in_float32_and_bfloat16(under_releas
     release, facts = under_release
     apart = []
     for name in ("text", "image"):
-        runs = facts[name]["fused"]
-        assert [run["dtype"] for run in runs] == ["torch.float32", "torch.bfloat16"]
-        for run in runs:
-            where = f"transformers {release}, {name}, {run['dtype']}"
+        passes = facts[name]["fused"]
+        assert len(passes) == 2  # float32, bfloat16
+        runs = [(group, run) for groups in passes for group, run in groups.items()]
+        assert [run["dtype"] for _, run in runs] == ["torch.float32"] * 3 + ["torch.bfloat16"] * 3
+        for group, run in runs:
+            where = f"transformers {release}, {name}, {run['dtype']}, {group}"
             for op, backends in run["backends"].items():
                 assert set(backends) == {"fused"} and backends["fused"] > 0, f"{where}: {op} ran {backends}"
             assert not any(run["fallbacks"].values()), f"{where}: {run['first_fallback_error']}"

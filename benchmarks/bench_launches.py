@@ -1,0 +1,132 @@
+"""Kernels per decode step: how many launches one generated token costs, baseline against PTO mode.
+
+    python benchmarks/bench_launches.py [--layers 2,36] [--json out.json]
+
+For each layer count, builds `make-tiny --layers N` (random weights, the spec's narrow test widths: what
+is counted does not depend on the widths), applies the patch, loads the model as users do (transformers'
+default sdpa attention), prefills a short prompt and counts the ops one decode step (batch 1, KV cache)
+dispatches, under a `TorchDispatchMode`, in each mode:
+- baseline: every switch off;
+- reference: rms_norm, mrope, swiglu_mlp on (the reference system's flags);
+- blocks: attention_prologue and mlp_block on (with rms_norm for the final norm): a decoder layer is the
+  prologue, the attention core and the MLP block;
+- residual: residual_rms_norm alone.
+The pto_kernels ops run as custom ops, as a compiled or captured model launches them (the eager
+wrappers call their bodies directly): the counter sees each one once, as one kernel, and not the ops
+inside it. Two counts per mode: every aten op dispatched, and kernels, the ops that are not views (a view
+only changes a tensor's metadata: on an NPU it launches nothing). Per layer: the difference between the
+largest and the smallest layer count, over the difference in layers (what is outside the decoder layers,
+embedding, rotary tables, final norm, lm_head, cancels). Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+MODES = {
+    "baseline": (),
+    "reference": ("rms_norm", "mrope", "swiglu_mlp"),
+    "blocks": ("rms_norm", "attention_prologue", "mlp_block"),
+    "residual": ("residual_rms_norm",),
+}
+
+
+def count_decode_step(folder: Path) -> dict[str, dict]:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import AutoModelForImageTextToText
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+            self.views = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            self.views += bool(getattr(func, "is_view", False))
+            return func(*args, **(kwargs or {}))
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        str(folder), trust_remote_code=True, dtype=torch.float32
+    )
+    model.eval()
+    sys.path.insert(0, str(folder))
+    import pto_kernels
+
+    pto_kernels._tracing = lambda: True  # the custom ops, as a compiled or captured model calls them
+    prompt = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
+    results = {}
+    for mode, ops in MODES.items():
+        with torch.no_grad(), pto_kernels.enabled(ops, backend="fused"):
+            out = model(input_ids=prompt, use_cache=True)
+            step = out.logits[:, -1:].argmax(-1)
+            pto_kernels.reset_stats()
+            with Counting() as counted:
+                model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+        total = sum(counted.ops.values())
+        custom = {name: n for name, n in counted.ops.items() if name.startswith("pto_kernels.")}
+        ran = {op: s["calls"] for op, s in pto_kernels.stats().items() if s["calls"]}
+        results[mode] = {
+            "ops": total,
+            "kernels": total - counted.views,
+            "pto_kernels_ops": custom,
+            "calls": ran,
+        }
+    sys.path.remove(str(folder))
+    sys.modules.pop("pto_kernels", None)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="2,36", help="comma list of decoder layer counts")
+    parser.add_argument("--json", type=Path, help="write the counts here")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
+    os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))
+    from pto_patch import engine, tiny_model
+
+    layers = sorted(int(n) for n in args.layers.split(","))
+    counts = {}
+    for n in layers:
+        folder = work / f"layers-{n}"
+        tiny_model.make_tiny(folder, layers=n)
+        engine.apply_patch(model_path=folder)
+        counts[n] = count_decode_step(folder)
+
+    print(
+        f"{'layers':>6} {'mode':<10} {'aten+pto ops':>12} {'kernels':>8} {'x baseline':>10}  pto_kernels ops"
+    )
+    for n in layers:
+        base = counts[n]["baseline"]["kernels"]
+        for mode, row in counts[n].items():
+            custom = ", ".join(f"{k.split('.')[1]} {v}" for k, v in row["pto_kernels_ops"].items()) or "-"
+            print(
+                f"{n:>6} {mode:<10} {row['ops']:>12} {row['kernels']:>8} {row['kernels'] / base:>10.3f}  {custom}"
+            )
+    per_layer = {}
+    if len(layers) > 1:
+        low, high = layers[0], layers[-1]
+        print(f"\nper decoder layer (layers {low} -> {high}):")
+        for mode in MODES:
+            ops = (counts[high][mode]["ops"] - counts[low][mode]["ops"]) / (high - low)
+            kernels = (counts[high][mode]["kernels"] - counts[low][mode]["kernels"]) / (high - low)
+            per_layer[mode] = {"ops": ops, "kernels": kernels}
+        for mode, row in per_layer.items():
+            ratio = row["kernels"] / per_layer["baseline"]["kernels"]
+            print(
+                f"  {mode:<10} ops {row['ops']:6.1f}  kernels {row['kernels']:6.1f}  x baseline {ratio:.3f}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps({"counts": counts, "per_layer": per_layer}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
