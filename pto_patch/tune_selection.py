@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pto_patch.spec import BLOCKS
+
 FASTER = "faster"
 SLOWER = "slower"
 WITHIN_NOISE = "within noise"
@@ -275,7 +277,8 @@ def singles(ops: Iterable[str], backends: Iterable[str]) -> list[Candidate]:
 
 
 def combinations(measured: dict[Candidate, Measured]) -> list[Candidate]:
-    """Sets of two or more ops, each on its best backend, built from the ops that measured faster alone."""
+    """Sets of two or more ops, each on its best backend, built from the ops that measured faster alone
+    (never a decoder-layer block together with an op it does the work of)."""
     best: dict[str, Measured] = {}
     for entry in measured.values():
         if len(entry.candidate.ops) != 1 or entry.verdict != FASTER:
@@ -285,8 +288,17 @@ def combinations(measured: dict[Candidate, Measured]) -> list[Candidate]:
             best[op] = entry
     pairs = [entry.candidate.ops[0] for _, entry in sorted(best.items())]
     return [
-        Candidate(combo) for size in range(2, len(pairs) + 1) for combo in itertools.combinations(pairs, size)
+        Candidate(combo)
+        for size in range(2, len(pairs) + 1)
+        for combo in itertools.combinations(pairs, size)
+        if not _overlaps(combo)
     ]
+
+
+def _overlaps(combo: Sequence[tuple[str, str]]) -> bool:
+    """A block with an op whose work it does: that op would never run, the set is the block's alone."""
+    names = {op for op, _ in combo}
+    return any(block in names and names & set(covered) for block, covered in BLOCKS.items())
 
 
 def typical_run_s(measured: Iterable[Measured]) -> float:

@@ -139,20 +139,25 @@ def breaks(fn, inputs):
 
 
 result = {}
-modes = {"off": pto_kernels.disable, "pto": lambda: pto_kernels.enable(backend=kernel_backend)}
+BLOCKS = ("rms_norm", "attention_prologue", "mlp_block")  # a decoder layer: prologue, core, MLP block
+modes = {
+    "off": pto_kernels.disable,
+    "pto": lambda: pto_kernels.enable(backend=kernel_backend),
+    "blocks": lambda: pto_kernels.enable(BLOCKS, backend=kernel_backend),
+}
 for mode, switch in modes.items():
     switch()
     entry = result[mode] = {"decode_breaks": breaks(model, decode())[0], "max_diff": {}}
     eager = {phase: logits(model, make()) for phase, make in (("prefill", prefill), ("decode", decode))}
     pto_kernels.reset_stats()
-    for compiler in compilers if mode == "pto" else [c for c in compilers if c != "inductor"]:
+    for compiler in compilers if mode != "off" else [c for c in compilers if c != "inductor"]:
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend=compiler, dynamic=True)
         for phase, make in (("prefill", prefill), ("decode", decode)):
             diff = (logits(compiled, make()) - eager[phase]).abs().max().item()
             entry["max_diff"][f"{compiler}/{phase}"] = diff
         print(mode, compiler, round(time.perf_counter() - began, 1), file=sys.stderr)
-    entry["calls"] = {op: s["calls"] for op, s in pto_kernels.stats().items()}
+    entry["calls"] = {op: s["calls"] for op, s in pto_kernels.stats().items() if s["calls"]}
     entry["logit_scale"] = eager["decode"].abs().max().item()
 
 if sys.argv[5] != "image":
@@ -215,27 +220,33 @@ def test_pto_mode_compiles_whole_and_computes_what_eager_pto_mode_computes(
     patched_tiny: Path, tmp_path: Path, kernel_backend: str, compilers: str, image: str
 ):
     result = run_fresh(COMPILE_CHECKS, [str(patched_tiny), kernel_backend, compilers, REPO, image], tmp_path)
-    for mode in ("off", "pto"):
+    for mode in ("off", "pto", "blocks"):
         entry = result[mode]
         assert entry["decode_breaks"] == 0, (mode, entry)
         scale = entry["logit_scale"]
         assert scale > 0.1
         # inductor compiles PTO mode; with the switches off it would only test transformers' code, slowly
-        expected = [c for c in compilers.split(",") if mode == "pto" or c != "inductor"]
+        expected = [c for c in compilers.split(",") if mode != "off" or c != "inductor"]
         assert sorted(entry["max_diff"]) == sorted(
             f"{c}/{phase}" for c in expected for phase in ("prefill", "decode")
         )
         for where, diff in entry["max_diff"].items():
             assert diff <= TOLERANCE * scale, (mode, where, diff)
     # the compiled calls ran the kernels, and are counted
-    assert all(calls > 0 for calls in result["pto"]["calls"].values()), result["pto"]["calls"]
-    assert not any(result["off"]["calls"].values()), result["off"]["calls"]
+    assert set(result["pto"]["calls"]) == {"rms_norm", "mrope", "swiglu_mlp"}, result["pto"]["calls"]
+    assert set(result["blocks"]["calls"]) == {"rms_norm", "attention_prologue", "mlp_block"}, result["blocks"]
+    assert result["off"]["calls"] == {}, result["off"]["calls"]
     if image != "image":
         return
     # image prefill: PTO mode adds no break to the vision code's own
     base_count, base_reasons = result["off"]["image_breaks"]
-    pto_count, pto_reasons = result["pto"]["image_breaks"]
-    assert set(pto_reasons) <= set(base_reasons) and pto_count <= base_count, (base_reasons, pto_reasons)
+    for mode in ("pto", "blocks"):
+        pto_count, pto_reasons = result[mode]["image_breaks"]
+        assert set(pto_reasons) <= set(base_reasons) and pto_count <= base_count, (
+            mode,
+            base_reasons,
+            pto_reasons,
+        )
     assert result["image_language_model_diff"] <= 1e-4
 
 

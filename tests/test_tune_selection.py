@@ -304,3 +304,21 @@ def test_warm_ups_come_from_warm_up_when_given():
     )
     assert warmed == [ts.BASELINE, RMS, MLP] and order.count(ts.BASELINE) == 5
     assert result[RMS].verdict == ts.SLOWER and result[MLP].verdict == ts.FASTER
+
+
+def test_combinations_never_pair_a_block_with_an_op_it_does_the_work_of():
+    won = {
+        ts.Candidate.of({op: "fused"}): None
+        for op in ("rms_norm", "swiglu_mlp", "mlp_block", "attention_prologue", "mrope")
+    }
+    measured = {
+        candidate: ts.Measured(candidate, verdict=ts.FASTER, band=ts.band([1.1, 1.1, 1.1]), seconds=[1.0])
+        for candidate in won
+    }
+    labels = {candidate.label for candidate in ts.combinations(measured)}
+    assert "attention_prologue=fused+mlp_block=fused+rms_norm=fused" in labels
+    assert "mlp_block=fused+rms_norm=fused" in labels
+    for label in labels:  # a block with its own op never: that op could not run
+        assert not ("mlp_block" in label and "swiglu_mlp" in label), label
+        assert not ("attention_prologue" in label and "mrope" in label), label
+    assert len(ts.combinations({**measured})) < 2 ** len(won) - len(won) - 1  # some sets were left out

@@ -567,6 +567,44 @@ def test_a_wrong_kernel_fails_with_exit_3(patched_copy: Path, tmp_path: Path):
     assert doc["pto"]["ops"]["rms_norm"]["calls"] > 0
 
 
+WRONG_MLP_BLOCK = """
+
+_correct_mlp_block_wrapper = mlp_block_wrapper
+
+
+def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
+    return _correct_mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp) * 1.25
+"""
+
+
+def test_the_decoder_blocks_pass_verify_and_report_their_calls_per_layer(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--ops", "all", "--json"] + FAST, tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    ops, layers = doc["pto"]["ops"], 2  # make-tiny's decoder layers
+    assert doc["passed"] and doc["accuracy"]["token_match_rate"] == 1.0
+    for block in ("attention_prologue", "mlp_block"):
+        assert ops[block]["calls"] > 0 and ops[block]["calls_per_layer"] == ops[block]["calls"] / layers
+    # the ops whose work a block does are switched on too, and reported as run inside it, not as failures
+    assert ops["mrope"]["calls"] == 0 and ops["mrope"]["inside"] == "attention_prologue"
+    assert ops["swiglu_mlp"]["inside"] == ops["residual_rms_norm"]["inside"] == "mlp_block"
+    assert ops["rms_norm"]["calls"] > 0 and ops["rms_norm"]["inside"] is None  # the final and vision norms
+    assert not any("never ran" in failure for failure in doc["failures"])
+
+
+def test_a_wrong_decoder_block_fails_with_exit_3(patched_copy: Path, tmp_path: Path):
+    with open(patched_copy / "pto_kernels" / "__init__.py", "a", encoding="utf-8") as handle:
+        handle.write(WRONG_MLP_BLOCK)
+    args = ["verify", "--model-path", str(patched_copy), "--use_pto", "--allow-modified", "--json"]
+    done = run_cli(args + ["--ops", "mlp_block"] + FAST, tmp_path)
+    assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
+    doc = json_out(done)
+    assert doc["passed"] is False and any("logits differ" in failure for failure in doc["failures"])
+    assert doc["pto"]["ops"]["mlp_block"]["calls"] > 0
+
+
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):
     folder = tmp_path / "partial"
     make_tiny(folder)
