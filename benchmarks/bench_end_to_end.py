@@ -7,6 +7,7 @@ machine state. Prints the PTO / baseline ratio of tokens per second per batch si
 
     python benchmarks/bench_end_to_end.py --layers 2 --backend fused --batches 1,4,8
     python benchmarks/bench_end_to_end.py --layers 4 --compile inductor   # both modes compiled
+    python benchmarks/bench_end_to_end.py --layers 4 --ops rms_norm,attention_prologue,mlp_block
 
 With --compile BACKEND, the model is compiled once (torch.compile, dynamic shapes) and both modes run
 compiled; the compiler's graphs, breaks and recompiles per mode are printed beside the ratios.
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="bench runs, each alternating both modes")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
     parser.add_argument("--compile", metavar="BACKEND", help="torch.compile both modes with this backend")
+    parser.add_argument("--ops", help="the ops bench switches on (and tune chooses among), e.g. all")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="pto-bench-e2e-"))
@@ -73,6 +75,7 @@ def main() -> None:
                     kernel_backend=None if args.backend == "auto" else args.backend,
                     use_compile=args.compile is not None,
                     compile_backend=args.compile or "inductor",
+                    ops=args.ops,
                 )
             ).to_json()
             record["tune"] = tuned
@@ -98,6 +101,7 @@ def main() -> None:
                     output_dir=work / "results",
                     use_compile=args.compile is not None,
                     compile_backend=args.compile or "inductor",
+                    ops=args.ops,
                 )
             )
             doc = result.to_json()
