@@ -14,6 +14,7 @@ from pto_patch import engine, fileio
 from pto_patch.cli import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError, SpecError
 from pto_patch.manifest import Manifest, drifted_files
+from pto_patch.spec import OPS
 from tests.folder_snapshot import snapshot
 
 HUB_CONFIG = {
@@ -54,7 +55,7 @@ def run_cli(*args: str) -> int:
 def test_apply_then_restore_is_byte_identical(model_folder: Path):
     before = snapshot(model_folder)
     result = engine.apply_patch(model_path=model_folder)
-    assert result.ops == ("rms_norm", "mrope", "swiglu_mlp")
+    assert result.ops == OPS  # every op by default, the decoder-layer blocks included
     assert snapshot(model_folder) != before
     config = json.loads((model_folder / "config.json").read_text())
     assert (
@@ -314,7 +315,7 @@ def test_status_reports_release_change_and_drift(model_folder: Path, monkeypatch
     engine.apply_patch(model_path=model_folder)
     status = engine.model_status(model_path=model_folder)
     assert status.patched and not status.drifted and not status.needs_reapply
-    assert set(status.ops_found) == {"rms_norm", "mrope", "swiglu_mlp"}
+    assert set(status.ops_found) == set(OPS)
     (model_folder / "pto_kernels" / "__init__.py").write_text("# replaced\n")
     import pto_patch.engine as engine_module
 
