@@ -142,6 +142,79 @@ def bench_mlp(repeats, quick):
     return rows
 
 
+def _linear(out_features, in_features, bias):
+    return torch.nn.Linear(in_features, out_features, bias=bias, dtype=torch.bfloat16)
+
+
+def bench_blocks(repeats, quick):
+    """The decoder-layer blocks at GutenOCR-3B's widths: the eager sequence of ops they replace ("torch",
+    reference.py's composition) against the fused entry and the wrapper with the blocks switched on."""
+    rows = []
+    heads, kv_heads, head_dim, hidden = 16, 2, 128, 2048
+    attention = torch.nn.Module()
+    attention.q_proj, attention.k_proj = (
+        _linear(heads * head_dim, hidden, True),
+        _linear(kv_heads * head_dim, hidden, True),
+    )
+    attention.v_proj, attention.head_dim = _linear(kv_heads * head_dim, hidden, True), head_dim
+    o_proj = _linear(hidden, heads * head_dim, False)
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.nn.Parameter((1 + 0.1 * torch.randn(hidden)).bfloat16()), 1e-6
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = _linear(11008, hidden, False), _linear(11008, hidden, False)
+    mlp.down_proj, mlp.act_fn = _linear(hidden, 11008, False), torch.nn.SiLU()
+    pto_kernels.enable(("residual_rms_norm", "mlp_block", "attention_prologue"), backend="auto")
+    with torch.no_grad():
+        for tokens in [1, 16] if quick else [1, 4, 16, 128]:
+            for op, (eager, fast, wrapped) in _block_cases(tokens, attention, o_proj, norm, mlp).items():
+                repeat = max(5, repeats // (4 if op == "mlp_block" else 1))
+                medians = _median_side_by_side({"torch": eager, "fused": fast, "auto": wrapped}, repeat)
+                rows.append((op, [1, tokens, hidden], medians))
+    return rows
+
+
+def _block_cases(tokens, attention, o_proj, norm, mlp):
+    """op -> (eager, fused, wrapper) calls on random inputs of `tokens` rows."""
+    hidden, head_dim = norm.weight.shape[0], attention.head_dim
+    x, residual = (torch.randn(1, tokens, hidden, dtype=torch.bfloat16) for _ in range(2))
+    attn = torch.randn(1, tokens, o_proj.weight.shape[1], dtype=torch.bfloat16)
+    cos, sin = (torch.randn(1, tokens, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+    prologue = (
+        x,
+        norm.weight,
+        1e-6,
+        q.weight,
+        q.bias,
+        k.weight,
+        k.bias,
+        v.weight,
+        v.bias,
+        cos,
+        sin,
+        head_dim,
+    )
+    block = (residual, attn, o_proj.weight, None, norm.weight, 1e-6)
+    block += (mlp.gate_proj.weight, None, mlp.up_proj.weight, None, mlp.down_proj.weight, None)
+    return {
+        "residual_rms_norm": (
+            lambda: reference.residual_rms_norm(x, residual, norm.weight, 1e-6),
+            lambda: fused.residual_rms_norm(x, residual, norm.weight, 1e-6),
+            lambda: pto_kernels.residual_rms_norm_wrapper(x, residual, norm),
+        ),
+        "mlp_block": (
+            lambda: reference.mlp_block(*block),
+            lambda: fused.mlp_block(*block),
+            lambda: pto_kernels.mlp_block_wrapper(residual, attn, o_proj, norm, mlp),
+        ),
+        "attention_prologue": (
+            lambda: reference.attention_prologue_mixed(*prologue),
+            lambda: fused.attention_prologue_mixed(*prologue),
+            lambda: pto_kernels.attention_prologue_mixed_wrapper(attention, norm, x, cos, sin),
+        ),
+    }
+
+
 def bench_guard() -> dict:
     """The injected guard with its switch off, as the patched modeling code runs it, per call."""
     pto_kernels.disable()
@@ -184,6 +257,7 @@ def main() -> None:
     rows = bench_rms_norm(args.repeats, args.quick)
     rows += bench_mrope(args.repeats, args.quick)
     rows += bench_mlp(args.repeats, args.quick)
+    rows += bench_blocks(args.repeats, args.quick)
     guard = bench_guard()
     results = []
     print(
