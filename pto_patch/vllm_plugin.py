@@ -30,10 +30,12 @@ from dataclasses import dataclass
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.resources import kernels_dir
-from pto_patch.spec import OPS
+from pto_patch.spec import BLOCK_OPS, REFERENCE_OPS
 from pto_patch.vllm_layers import KERNEL_PACKAGE, MIXINS, is_pto_layer, pto_layer_class
 
 OPS_ENV = "PTO_KERNELS_VLLM_OPS"
+# vLLM's layers take the reference's three ops; the decoder-layer blocks live in patched transformers code
+SERVED_OPS = REFERENCE_OPS
 BACKEND_ENV = "PTO_KERNELS_BACKEND"
 BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 
@@ -58,7 +60,7 @@ class PluginSettingsError(PtoPatchError):
 
 @dataclass(frozen=True)
 class PluginSettings:
-    ops: tuple[str, ...]  # pto_kernels ops switched on, in OPS order; empty: the plugin does nothing
+    ops: tuple[str, ...]  # pto_kernels ops switched on, in SERVED_OPS order; empty: the plugin does nothing
     backend: str
 
     def keys(self) -> tuple[str, ...]:
@@ -77,14 +79,20 @@ def plugin_settings(environ: Mapping[str, str]) -> PluginSettings:
         )
     if not text:
         return PluginSettings((), backend)
-    wanted = OPS if text == "all" else tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [op for op in wanted if op not in OPS]
+    wanted = SERVED_OPS if text == "all" else tuple(part.strip() for part in text.split(",") if part.strip())
+    blocks = [op for op in wanted if op in BLOCK_OPS]
+    if blocks:
+        raise PluginSettingsError(
+            f"{OPS_ENV}={text!r} names decoder-layer block(s) {', '.join(blocks)}, which vLLM cannot run",
+            f"vLLM builds its own layers (no patched decoder layer to hold a block): use {', '.join(SERVED_OPS)}, or all",
+        )
+    unknown = [op for op in wanted if op not in SERVED_OPS]
     if unknown or not wanted:
         raise PluginSettingsError(
             f"{OPS_ENV}={text!r} names unknown pto_kernels op(s) {', '.join(map(repr, unknown))}",
-            f"use a comma list of {', '.join(OPS)}, or all",
+            f"use a comma list of {', '.join(SERVED_OPS)}, or all",
         )
-    return PluginSettings(tuple(op for op in OPS if op in wanted), backend)
+    return PluginSettings(tuple(op for op in SERVED_OPS if op in wanted), backend)
 
 
 def import_kernels():

@@ -28,7 +28,7 @@ from pto_patch.patch_state import patch_state
 from pto_patch.report import SCHEMA_VERSION, Verdict, write_report
 from pto_patch.run.device import dtype_key
 from pto_patch.spec import load_spec, parse_ops
-from pto_patch.vllm_plugin import BACKEND_ENV, OPS_ENV, plugin_settings
+from pto_patch.vllm_plugin import BACKEND_ENV, OPS_ENV, SERVED_OPS, plugin_settings
 
 ENGINE_TIMEOUT_S = 1800
 TEXT_CONTEXT, IMAGE_CONTEXT = 512, 8192
@@ -160,7 +160,12 @@ def _settings(options: VllmVerifyOptions, spec) -> tuple[tuple[str, ...], str]:
         backend_text = options.kernel_backend
     else:
         backend_text = os.environ.get(BACKEND_ENV, "")
-    ops = parse_ops(options.ops, spec) if options.use_pto else ()
+    if not options.use_pto:
+        ops: tuple[str, ...] = ()
+    elif options.ops is None or options.ops.strip() == "all":  # what vLLM's layers can run
+        ops = tuple(op for op in parse_ops(None, spec) if op in SERVED_OPS)
+    else:
+        ops = parse_ops(options.ops, spec)
     settings = plugin_settings({OPS_ENV: ",".join(ops), BACKEND_ENV: backend_text})
     return settings.ops, settings.backend
 

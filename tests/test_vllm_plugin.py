@@ -12,7 +12,7 @@ import torch
 from pto_patch import vllm_plugin
 from pto_patch.errors import EXIT_USAGE
 from pto_patch.vllm_layers import PLATFORM_FORWARDS, is_pto_layer
-from pto_patch.vllm_plugin import PluginSettingsError, plugin_settings, take_turn
+from pto_patch.vllm_plugin import SERVED_OPS, PluginSettingsError, plugin_settings, take_turn
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -35,7 +35,8 @@ def kernels(monkeypatch):
 
 
 def _calls(pto_kernels) -> dict[str, int]:
-    return {op: entry["calls"] for op, entry in pto_kernels.stats().items()}
+    """Calls of the ops vLLM's layers can run (the decoder-layer blocks never run there)."""
+    return {op: entry["calls"] for op, entry in pto_kernels.stats().items() if op in SERVED_OPS}
 
 
 def _inputs():
@@ -209,3 +210,14 @@ def test_other_keys_register_as_before(kernels):
     assert vllm.op_registry_oot["QuickGELU"] is QuickGELU
     with pytest.raises(AssertionError, match="Duplicate op name: QuickGELU"):
         vllm.CustomOp.register_oot(_decorated_op_cls=QuickGELU, name="QuickGELU")
+
+
+@pytest.mark.parametrize("text", ["mlp_block", "rms_norm,attention_prologue"])
+def test_a_decoder_layer_block_in_the_environment_is_refused(text):
+    with pytest.raises(vllm_plugin.PluginSettingsError, match="decoder-layer block") as caught:
+        vllm_plugin.plugin_settings({vllm_plugin.OPS_ENV: text})
+    assert "rms_norm, mrope, swiglu_mlp" in caught.value.hint
+
+
+def test_all_means_the_ops_vllm_can_run():
+    assert vllm_plugin.plugin_settings({vllm_plugin.OPS_ENV: "all"}).ops == ("rms_norm", "mrope", "swiglu_mlp")

@@ -90,6 +90,14 @@ def test_an_unknown_op_fails_as_in_verify(tiny: Path):
     assert done.returncode == 1 and "unknown op(s) gelu" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_decoder_layer_block_is_a_usage_error_naming_what_vllm_runs(tiny: Path):
+    done = _cli(
+        ["verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,mlp_block", "--model-path", str(tiny)]
+    )
+    assert done.returncode == 2 and "decoder-layer block(s) mlp_block" in done.stderr, done.stderr
+    assert "rms_norm, mrope, swiglu_mlp" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_an_unknown_backend_in_the_environment_is_a_usage_error(tiny: Path):
     done = _cli(
         ["verify", "--engine", "vllm", "--use_pto", "--model-path", str(tiny)], PTO_KERNELS_BACKEND="gpu"
