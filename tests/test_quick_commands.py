@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,42 @@ def test_the_check_sees_pydantic_when_options_go_through_typer(tmp_path: Path, p
     off = "import pto_patch.cli_values as values; values.plain_type = lambda param: None"
     modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], off)
     assert heavy(modules) == ["pydantic"]
+
+
+ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # typer makes each option's info anew for each build
+
+
+def command_infos(typer_app) -> dict[str, tuple]:
+    """Every command of a Typer app as click sees it: each option's attributes, and its --help text."""
+    import typer.main
+
+    def described(command, ctx) -> tuple:
+        params = [
+            (type(param).__name__, sorted((key, ADDRESS.sub("", repr(value))) for key, value in vars(param).items()))
+            for param in command.get_params(ctx)
+        ]
+        sub = getattr(command, "commands", {})
+        return params, command.get_help(ctx), {name: described(sub[name], ctx) for name in sub}
+
+    group = typer.main.get_command(typer_app)
+    ctx = group.make_context("pto-patch", ["models"], resilient_parsing=True)
+    return {name: described(group.get_command(ctx, name), ctx) for name in group.list_commands(ctx)}
+
+
+def test_a_call_naming_one_command_gets_that_command_exactly():
+    """cli.app_for builds one command where the call names one; it is the whole app's, option for option."""
+    from pto_patch import cli
+
+    whole = command_infos(cli.app)
+    for name, info in whole.items():
+        lean = cli.app_for([name, "--json"])
+        assert lean is not cli.app
+        assert command_infos(lean) == {name: info}, name
+    assert len(cli.app.registered_commands) + len(cli.app.registered_groups) == len(whole)  # untouched
+
+
+def test_a_call_that_reads_the_command_list_gets_the_whole_app():
+    from pto_patch import cli
+
+    for args in ([], ["--help"], ["--version"], ["stauts"], ["--json", "status"], ["Status"]):
+        assert cli.app_for(args) is cli.app, args
