@@ -134,7 +134,10 @@ def command_infos(typer_app) -> dict[str, tuple]:
 
     def described(command, ctx) -> tuple:
         params = [
-            (type(param).__name__, sorted((key, ADDRESS.sub("", repr(value))) for key, value in vars(param).items()))
+            (
+                type(param).__name__,
+                sorted((key, ADDRESS.sub("", repr(value))) for key, value in vars(param).items()),
+            )
             for param in command.get_params(ctx)
         ]
         sub = getattr(command, "commands", {})
