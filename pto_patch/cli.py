@@ -116,9 +116,10 @@ def restore(
     as_json: JsonOpt = False,
 ) -> None:
     """Put every byte of the model folder back as it was before apply."""
-    from pto_patch import engine, render
+    from pto_patch import render
+    from pto_patch.restore import restore_model
 
-    result = engine.restore_model(model=model, model_path=model_path, force=force)
+    result = restore_model(model=model, model_path=model_path, force=force)
     render.show(result, as_json=as_json)
 
 
@@ -129,9 +130,10 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Show whether the folder is patched, which ops, and which files drifted."""
-    from pto_patch import engine, render
+    from pto_patch import render
+    from pto_patch.folder_status import model_status
 
-    result = engine.model_status(model=model, model_path=model_path)
+    result = model_status(model=model, model_path=model_path)
     render.show(result, as_json=as_json)
 
 
