@@ -1,7 +1,9 @@
 """Commands that rewrite nothing import nothing heavy: --help, status, restore, models and an apply
 whose rewrites the cache holds load no libcst, torch, transformers, pydantic, huggingface_hub or run
-library, and --help and --json output no rich. Each command runs in a fresh interpreter, which
-reports the modules it ended up with.
+library; all but apply load none of the rewrite's modules (the engine, config_fix, patch_context,
+the rewrite cache); --help loads only the command line; --help, --json output and restore's text
+load no rich. Each command runs in a fresh interpreter, which reports the modules it ended up with,
+and each check has a case where an eager import makes it fail.
 
 (Their speed is measured in benchmarks/bench_apply.py, never asserted here.)
 """
@@ -31,6 +33,10 @@ HEAVY = (
     "pto_patch.run",
     "pto_patch.codemods",
 )
+# The rewrite's own modules: only apply needs them.
+REWRITE = ("pto_patch.engine", "pto_patch.config_fix", "pto_patch.patch_context", "pto_patch.rewrite_cache")
+# All of pto_patch that --help needs.
+HELP_MODULES = ["pto_patch", "pto_patch.cli", "pto_patch.cli_values", "pto_patch.console", "pto_patch.errors"]
 
 # Runs the command line after `setup`, then writes the names of every module imported to a file.
 COMMAND_THEN_MODULES = """
@@ -58,6 +64,10 @@ def modules_after(tmp_path: Path, args: list[str], setup: str = "") -> list[str]
     )
     assert "Traceback" not in done.stderr, done.stderr
     return json.loads(report.read_text())
+
+
+def own(modules: list[str]) -> list[str]:
+    return [name for name in modules if name.split(".")[0] == "pto_patch"]
 
 
 def heavy(modules: list[str], roots: tuple[str, ...] = HEAVY) -> list[str]:
@@ -89,9 +99,21 @@ def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patc
     for args in quick_commands(patched):
         modules = modules_after(tmp_path, args)
         assert heavy(modules) == [], args
-        if args == ["--help"] or "--json" in args:
+        assert heavy(modules, REWRITE) == [], args
+        if args == ["--help"] or "--json" in args or args[0] == "restore":
             assert heavy(modules, ("rich",)) == [], args
     assert not (patched / ".pto_patch").exists()  # restore ran, and restored
+
+
+def test_help_imports_only_the_command_line(tmp_path: Path):
+    assert own(modules_after(tmp_path, ["--help"])) == HELP_MODULES
+
+
+def test_a_restore_in_text_imports_no_rich(tmp_path: Path, patched: Path):
+    """Its lines are plain: console prints them as rich would, without rich."""
+    modules = modules_after(tmp_path, ["restore", "--model-path", str(patched)])
+    assert heavy(modules, ("rich", *HEAVY, *REWRITE)) == []
+    assert not (patched / ".pto_patch").exists()
 
 
 def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: Path):
@@ -113,6 +135,20 @@ def test_the_check_sees_an_import_made_eager(tmp_path: Path, patched: Path):
     """What a module-level `import pto_patch.codemods` in the engine would do to status."""
     modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.codemods")
     assert heavy(modules) == ["libcst", "pto_patch.codemods"]
+
+
+def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: Path):
+    """What `status` importing the engine again, or rich for --json, would do."""
+    setup = "import pto_patch.engine, rich.console"
+    modules = modules_after(tmp_path, ["status", "--json", "--model-path", str(patched)], setup)
+    assert heavy(modules, REWRITE) == sorted(REWRITE)
+    assert heavy(modules, ("rich",)) == ["rich"]
+    assert own(modules_after(tmp_path, ["--help"], "import pto_patch.locate")) == [
+        *HELP_MODULES,
+        "pto_patch.locate",
+        "pto_patch.resources",
+        "pto_patch.spec",
+    ]
 
 
 @pytest.mark.skipif(
