@@ -6,7 +6,6 @@ need them, so `--help`, `apply`, `restore` and `status` start fast.
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +15,7 @@ import typer
 from pto_patch import __version__
 from pto_patch.cli_values import PlainValuesGroup
 from pto_patch.console import print_json, report_error
+from pto_patch.lazy_commands import app_for
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions
@@ -529,31 +529,11 @@ def skill_show() -> None:
 # --- entry point --------------------------------------------------------------------------------
 
 
-def _command_name(info: Any) -> str:
-    return info.name or typer.main.get_command_name(info.callback.__name__)
-
-
-def app_for(args: list[str]) -> typer.Typer:
-    """`app`, or where `args` start with a command's name, a copy of `app` holding that command alone.
-
-    typer builds every command's options on each call, about a fifth of a `status`; a call runs one
-    command, and everything that reads the whole list (the group's help, an unknown command's message)
-    gets the whole `app`."""
-    name = args[0] if args else None
-    commands = [info for info in app.registered_commands if _command_name(info) == name]
-    groups = [info for info in app.registered_groups if info.name == name]
-    if not commands and not groups:
-        return app
-    lean = copy.copy(app)
-    lean.registered_commands, lean.registered_groups = commands, groups
-    return lean
-
-
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
     try:
-        code = app_for(args)(args=args, prog_name="pto-patch", standalone_mode=False)
+        code = app_for(app, args)(args=args, prog_name="pto-patch", standalone_mode=False)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:

@@ -36,7 +36,14 @@ HEAVY = (
 # The rewrite's own modules: only apply needs them.
 REWRITE = ("pto_patch.engine", "pto_patch.config_fix", "pto_patch.patch_context", "pto_patch.rewrite_cache")
 # All of pto_patch that --help needs.
-HELP_MODULES = ["pto_patch", "pto_patch.cli", "pto_patch.cli_values", "pto_patch.console", "pto_patch.errors"]
+HELP_MODULES = [
+    "pto_patch",
+    "pto_patch.cli",
+    "pto_patch.cli_values",
+    "pto_patch.console",
+    "pto_patch.errors",
+    "pto_patch.lazy_commands",
+]
 
 # Runs the command line after `setup`, then writes the names of every module imported to a file.
 COMMAND_THEN_MODULES = """
@@ -184,20 +191,55 @@ def command_infos(typer_app) -> dict[str, tuple]:
     return {name: described(group.get_command(ctx, name), ctx) for name in group.list_commands(ctx)}
 
 
+def group_help(typer_app) -> str:
+    import typer.main
+
+    group = typer.main.get_command(typer_app)
+    return group.get_help(group.make_context("pto-patch", [], resilient_parsing=True))
+
+
 def test_a_call_naming_one_command_gets_that_command_exactly():
-    """cli.app_for builds one command where the call names one; it is the whole app's, option for option."""
-    from pto_patch import cli
+    """app_for builds one command where the call names one; it is the whole app's, option for option."""
+    from pto_patch.cli import app
+    from pto_patch.lazy_commands import app_for
 
-    whole = command_infos(cli.app)
+    whole = command_infos(app)
     for name, info in whole.items():
-        lean = cli.app_for([name, "--json"])
-        assert lean is not cli.app
-        assert command_infos(lean) == {name: info}, name
-    assert len(cli.app.registered_commands) + len(cli.app.registered_groups) == len(whole)  # untouched
+        assert command_infos(app_for(app, [name, "--json"])) == {name: info}, name
+    assert len(app.registered_commands) + len(app.registered_groups) == len(whole)  # app itself untouched
 
 
-def test_a_call_that_reads_the_command_list_gets_the_whole_app():
-    from pto_patch import cli
+def test_a_call_that_reads_the_command_list_gets_every_command_built_as_it_runs():
+    """The command list from help text alone; a command looked up to run is built then, as in the whole app."""
+    import typer.main
 
-    for args in ([], ["--help"], ["--version"], ["stauts"], ["--json", "status"], ["Status"]):
-        assert cli.app_for(args) is cli.app, args
+    from pto_patch.cli import app
+    from pto_patch.lazy_commands import LazyGroup, app_for
+
+    whole_help, whole = group_help(app), command_infos(app)
+    for args in (
+        [],
+        ["--help"],
+        ["--version"],
+        ["stauts"],
+        ["--json", "status"],
+        ["Status"],
+        ["--", "status"],
+    ):
+        listing = app_for(app, args)
+        assert group_help(listing) == whole_help, args
+        assert command_infos(listing) == whole, args
+    group = typer.main.get_command(app_for(app, ["--help"]))
+    assert isinstance(group, LazyGroup) and "--model-path" not in group.get_help(
+        group.make_context("pto-patch", [], resilient_parsing=True)
+    )
+    assert list(group.commands.built) == ["skill"]  # listing it built no command, only the sub-group
+
+
+def test_the_listing_check_sees_a_different_short_help(monkeypatch):
+    from pto_patch.cli import app
+    from pto_patch.lazy_commands import LazyCommands, app_for
+
+    whole_help = group_help(app)
+    monkeypatch.setattr(LazyCommands, "listed", lambda self, name: self[name].__class__(name=name, help="x"))
+    assert group_help(app_for(app, ["--help"])) != whole_help
