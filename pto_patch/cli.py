@@ -15,7 +15,7 @@ import typer
 from pto_patch import __version__
 from pto_patch.cli_values import PlainValuesGroup
 from pto_patch.console import print_json, report_error
-from pto_patch.lazy_commands import app_for
+from pto_patch.lazy_commands import lazy_app
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
     try:
-        code = app_for(app, args)(args=args, prog_name="pto-patch", standalone_mode=False)
+        code = lazy_app(app)(args=args, prog_name="pto-patch", standalone_mode=False)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:

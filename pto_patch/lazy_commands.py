@@ -1,11 +1,10 @@
 """The CLI's commands, built as a call needs them: typer builds every command's options on each call
 (about a quarter of a `pto-patch --help`), and a call runs at most one.
 
-`app_for` hands `pto_patch.cli.main` the Typer app to call: where the arguments start with a command's
-name, a copy holding that command alone; otherwise (the command list, `--version`, an unknown
-command) a copy whose group lists the commands by their help text and builds a command only when it
-is looked up to run. Options, help text, messages and exit codes are typer's own
-(tests/test_quick_commands.py compares them with the whole app's).
+`pto_patch.cli.main` calls `lazy_app(app)`: a copy of the app whose group builds a command when it is
+looked up to run, and lists the commands (`--help`) from their help text alone. Options, help text,
+messages and exit codes are typer's own (tests/test_quick_commands.py compares them with the whole
+app's).
 """
 
 from __future__ import annotations
@@ -98,15 +97,9 @@ class LazyGroup(PlainValuesGroup):
         return super().get_command(ctx, cmd_name)
 
 
-def app_for(app: typer.Typer, args: list[str]) -> typer.Typer:
-    """`app` to call with `args`, holding only what the call builds (a copy; `app` is left as it is)."""
-    name = args[0] if args else None
-    commands = [info for info in app.registered_commands if _command_name(info) == name]
-    groups = [info for info in app.registered_groups if info.name == name]
+def lazy_app(app: typer.Typer) -> typer.Typer:
+    """A copy of `app` whose group builds each command when it is looked up (`app` is left as it is)."""
     lean = copy.copy(app)
-    if commands or groups:
-        lean.registered_commands, lean.registered_groups = commands, groups
-        return lean
     lean.registered_commands, lean.registered_groups = [], []
     lean.info = copy.copy(app.info)
     lean.info.cls = type("LazyAppGroup", (LazyGroup,), {"commands_of": app})

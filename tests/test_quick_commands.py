@@ -198,48 +198,31 @@ def group_help(typer_app) -> str:
     return group.get_help(group.make_context("pto-patch", [], resilient_parsing=True))
 
 
-def test_a_call_naming_one_command_gets_that_command_exactly():
-    """app_for builds one command where the call names one; it is the whole app's, option for option."""
-    from pto_patch.cli import app
-    from pto_patch.lazy_commands import app_for
-
-    whole = command_infos(app)
-    for name, info in whole.items():
-        assert command_infos(app_for(app, [name, "--json"])) == {name: info}, name
-    assert len(app.registered_commands) + len(app.registered_groups) == len(whole)  # app itself untouched
-
-
-def test_a_call_that_reads_the_command_list_gets_every_command_built_as_it_runs():
-    """The command list from help text alone; a command looked up to run is built then, as in the whole app."""
+def test_the_lazy_app_has_every_command_of_the_whole_app_and_builds_only_what_a_call_looks_up():
+    """Its help and each command (option for option, help text) are the whole app's; listing the
+    commands builds none of them, running one builds that one."""
     import typer.main
 
     from pto_patch.cli import app
-    from pto_patch.lazy_commands import LazyGroup, app_for
+    from pto_patch.lazy_commands import LazyGroup, lazy_app
 
-    whole_help, whole = group_help(app), command_infos(app)
-    for args in (
-        [],
-        ["--help"],
-        ["--version"],
-        ["stauts"],
-        ["--json", "status"],
-        ["Status"],
-        ["--", "status"],
-    ):
-        listing = app_for(app, args)
-        assert group_help(listing) == whole_help, args
-        assert command_infos(listing) == whole, args
-    group = typer.main.get_command(app_for(app, ["--help"]))
-    assert isinstance(group, LazyGroup) and "--model-path" not in group.get_help(
-        group.make_context("pto-patch", [], resilient_parsing=True)
-    )
-    assert list(group.commands.built) == ["skill"]  # listing it built no command, only the sub-group
+    assert group_help(lazy_app(app)) == group_help(app)
+    assert command_infos(lazy_app(app)) == command_infos(app)
+    group = typer.main.get_command(lazy_app(app))
+    assert isinstance(group, LazyGroup)
+    ctx = group.make_context("pto-patch", [], resilient_parsing=True)
+    assert "--model-path" not in group.get_help(ctx)
+    assert list(group.commands.built) == ["skill"]  # the sub-group, listed as typer lists it
+    assert group.resolve_command(ctx, ["status", "--json"])[0] == "status"
+    assert list(group.commands.built) == ["skill", "status"]
+    assert group.get_command(ctx, "stauts") is None and list(group.commands.built) == ["skill", "status"]
+    assert len(app.registered_commands) + len(app.registered_groups) == len(command_infos(app))  # untouched
 
 
 def test_the_listing_check_sees_a_different_short_help(monkeypatch):
     from pto_patch.cli import app
-    from pto_patch.lazy_commands import LazyCommands, app_for
+    from pto_patch.lazy_commands import LazyCommands, lazy_app
 
     whole_help = group_help(app)
     monkeypatch.setattr(LazyCommands, "listed", lambda self, name: self[name].__class__(name=name, help="x"))
-    assert group_help(app_for(app, ["--help"])) != whole_help
+    assert group_help(lazy_app(app)) != whole_help
