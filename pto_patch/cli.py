@@ -1,7 +1,8 @@
 """The `pto-patch` command line: parse options, call one engine function, render its result.
 
 No logic lives here. Heavy modules (torch, transformers) are imported inside the commands that
-need them, so `--help`, `apply`, `restore` and `status` start fast.
+need them, and `main` calls the app through lazy_commands, which builds only the command a call
+runs, so `--help`, `apply`, `restore` and `status` start fast.
 """
 
 from __future__ import annotations
