@@ -10,11 +10,15 @@ the installed transformers' real files, as for GutenOCR-3B) and runs the `pto-pa
 The commands run as an installed pto-patch does, with its bytecode cached (after one warm-up run),
 even where PYTHONDONTWRITEBYTECODE is set in this shell.
 
+With `--against DIR` (another checkout of pto-patch, e.g. the commit before a change), each round
+also runs that checkout's commands, just before this one's: a before / after on a shared machine,
+where load comes and goes between two separate runs.
+
 Engine only: `engine.apply_patch` (without the cache) and `engine.restore_model` in this process, as
 this benchmark measured before. Prints medians over the rounds (wall time, and the commands' CPU
 time, which another load on the machine sways less); the targets are the issue's, in wall time.
 
-    python benchmarks/bench_apply.py [--rounds 7] [--json out.json]
+    python benchmarks/bench_apply.py [--rounds 7] [--json out.json] [--against ../pto-patch-before]
 """
 
 from __future__ import annotations
@@ -71,30 +75,46 @@ def installed_env(work: Path) -> dict[str, str]:
     return env
 
 
-def whole_process(template: Path, work: Path, rounds: int) -> dict[str, list[float]]:
+AGAINST = "against "  # the prefix of the other checkout's figures (--against)
+
+
+def whole_process(
+    template: Path, work: Path, rounds: int, against: Path | None = None
+) -> dict[str, list[float]]:
+    """Each round runs the commands on fresh copies of `template`; with `against`, the other checkout's
+    commands (its source first on PYTHONPATH) run in the same round, just before this one's, so both
+    meet the same load on a shared machine."""
     cli = command_line()
-    times: dict[str, list[float]] = {name: [] for name in TARGETS}
-    warm = work / "warm-up"  # fills the bytecode cache; its own rewrite cache, so no apply below is helped
-    shutil.copytree(template, warm)
-    for args in (["--help"], ["apply", "--model-path", str(warm)], ["restore", "--model-path", str(warm)]):
-        timed("warm-up", [*cli, *args], {**installed_env(work), "PTO_PATCH_CACHE": str(work / "warm-cache")})
+    trees = {"": {}, **({AGAINST: {"PYTHONPATH": str(against)}} if against else {})}
+    times: dict[str, list[float]] = {}
+    for index, extra in enumerate(trees.values()):
+        warm = work / f"warm-up{index}"  # fills the bytecode cache; its own rewrite cache
+        shutil.copytree(template, warm)
+        env = {**installed_env(work), **extra, "PTO_PATCH_CACHE": str(work / f"warm-cache{index}")}
+        for args in (
+            ["--help"],
+            ["apply", "--model-path", str(warm)],
+            ["restore", "--model-path", str(warm)],
+        ):
+            timed("warm-up", [*cli, *args], env)
     for round_index in range(rounds):
-        cache = work / f"cache{round_index}"  # empty: the first apply of this round rewrites
-        env = {**installed_env(work), "PTO_PATCH_CACHE": str(cache)}
-        first, seen = work / f"first{round_index}", work / f"seen{round_index}"
-        for folder in (first, seen):
-            shutil.copytree(template, folder)
-        runs = {
-            "apply_first_s": ["apply", "--model-path", str(first)],
-            "apply_seen_s": ["apply", "--model-path", str(seen)],
-            "status_s": ["status", "--model-path", str(seen)],
-            "restore_s": ["restore", "--model-path", str(seen)],
-            "help_s": ["--help"],
-        }
-        for name, args in runs.items():
-            times[name].append(timed(name, [*cli, *args], env))
-        for folder in (first, seen, cache):
-            shutil.rmtree(folder, ignore_errors=True)
+        for label, extra in reversed(trees.items()):
+            cache = work / f"cache{round_index}"  # empty: the first apply of this round rewrites
+            env = {**installed_env(work), **extra, "PTO_PATCH_CACHE": str(cache)}
+            first, seen = work / f"first{round_index}", work / f"seen{round_index}"
+            for folder in (first, seen):
+                shutil.copytree(template, folder)
+            runs = {
+                "apply_first_s": ["apply", "--model-path", str(first)],
+                "apply_seen_s": ["apply", "--model-path", str(seen)],
+                "status_s": ["status", "--model-path", str(seen)],
+                "restore_s": ["restore", "--model-path", str(seen)],
+                "help_s": ["--help"],
+            }
+            for name, args in runs.items():
+                times.setdefault(label + name, []).append(timed(label + name, [*cli, *args], env))
+            for folder in (first, seen, cache):
+                shutil.rmtree(folder, ignore_errors=True)
     return times
 
 
@@ -119,6 +139,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="another pto-patch checkout (e.g. a `git worktree` of the commit before a change): its "
+        "commands run in turn with this one's, each round, with the same interpreter and packages",
+    )
     args = parser.parse_args()
 
     from pto_patch.locate import installed_transformers_release
@@ -128,16 +155,17 @@ def main() -> None:
         work = Path(tmp)
         template = work / "tiny"
         make_tiny(template)
-        times = whole_process(template, work, args.rounds)
+        times = whole_process(template, work, args.rounds, args.against)
         times.update(engine_only(template, work, args.rounds))
     medians = {name: statistics.median(values) for name, values in times.items()}
     result = {
         "transformers": installed_transformers_release(),
         "rounds": args.rounds,
         "command": " ".join(command_line()),
+        "against": str(args.against) if args.against else None,
         "medians_s": medians,
         "cpu_medians_s": {
-            name: statistics.median(values) for name, values in CPU_S.items() if name in TARGETS
+            name: statistics.median(values) for name, values in CPU_S.items() if name != "warm-up"
         },
         "targets_s": TARGETS,
         "runs_s": times,
@@ -145,12 +173,14 @@ def main() -> None:
     print(
         f"transformers {result['transformers']}, {args.rounds} rounds, medians (whole process unless noted)"
     )
-    for name, median in medians.items():
-        target = TARGETS.get(name)
+    order = [*TARGETS, "engine_apply_s", "engine_restore_s"]
+    for name in (label + name for name in order for label in (AGAINST, "") if label + name in medians):
+        median = medians[name]
+        target = TARGETS.get(name.removeprefix(AGAINST))
         spread = f"{min(times[name]):.3f}-{max(times[name]):.3f}"
         goal = f"target <= {target:.1f} s" if target is not None else "in process"
-        cpu = f"cpu {result['cpu_medians_s'][name]:.3f} s, " if name in TARGETS else ""
-        print(f"  {name.removesuffix('_s'):<16} {median:7.3f} s   ({cpu}{spread}; {goal})")
+        cpu = f"cpu {result['cpu_medians_s'][name]:.3f} s, " if name in CPU_S else ""
+        print(f"  {name.removesuffix('_s'):<24} {median:7.3f} s   ({cpu}{spread}; {goal})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -1,7 +1,8 @@
 """The `pto-patch` command line: parse options, call one engine function, render its result.
 
 No logic lives here. Heavy modules (torch, transformers) are imported inside the commands that
-need them, so `--help`, `apply`, `restore` and `status` start fast.
+need them, and `main` calls the app through lazy_commands, which builds only the command a call
+runs, so `--help`, `apply`, `restore` and `status` start fast.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 from pto_patch import __version__
 from pto_patch.cli_values import PlainValuesGroup
 from pto_patch.console import print_json, report_error
+from pto_patch.lazy_commands import lazy_app
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions
@@ -120,9 +122,10 @@ def restore(
     as_json: JsonOpt = False,
 ) -> None:
     """Put every byte of the model folder back as it was before apply."""
-    from pto_patch import engine, render
+    from pto_patch import render
+    from pto_patch.restore import restore_model
 
-    result = engine.restore_model(model=model, model_path=model_path, force=force)
+    result = restore_model(model=model, model_path=model_path, force=force)
     render.show(result, as_json=as_json)
 
 
@@ -133,9 +136,10 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Show whether the folder is patched, which ops, and which files drifted."""
-    from pto_patch import engine, render
+    from pto_patch import render
+    from pto_patch.folder_status import model_status
 
-    result = engine.model_status(model=model, model_path=model_path)
+    result = model_status(model=model, model_path=model_path)
     render.show(result, as_json=as_json)
 
 
@@ -535,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     as_json = "--json" in args
     try:
-        code = app(args=args, prog_name="pto-patch", standalone_mode=False)
+        code = lazy_app(app)(args=args, prog_name="pto-patch", standalone_mode=False)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 from functools import cached_property
@@ -31,8 +32,28 @@ class _Console:
 
         return Console(stderr=self._stderr, highlight=False, soft_wrap=True)
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        """rich's print; a line rich would print unchanged goes straight out while rich is not yet
+        loaded (importing it is a third of a `restore`)."""
+        if not options and len(objects) == 1 and is_plain(objects[0]) and "rich_console" not in vars(self):
+            stream = sys.stderr if self._stderr else sys.stdout
+            stream.write(objects[0] + "\n")
+            stream.flush()
+        else:
+            self.rich_console.print(*objects, **options)
+
     def __getattr__(self, name: str):
         return getattr(self.rich_console, name)
+
+
+# rich's emoji codes (`:name:`, nothing blank inside); `[` opens markup; other characters rich changes
+# (tabs, control codes) are not printable.
+EMOJI_CODE = re.compile(r":\S*:")
+
+
+def is_plain(text: Any) -> bool:
+    """Whether rich, without highlighting, would print `text` as it is: no markup, emoji code or control."""
+    return type(text) is str and text.isprintable() and "[" not in text and not EMOJI_CODE.search(text)
 
 
 out = _Console(stderr=False)

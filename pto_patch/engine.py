@@ -1,4 +1,5 @@
-"""The patch engine: apply, restore and status for one model folder.
+"""The patch engine: apply for one model folder (restore and status, which rewrite nothing, live in
+restore.py and folder_status.py, and are named here too).
 
 apply plans every change in memory first (codemods, config.json, the kernel package), then
 writes backups, a manifest marked in progress, the files (each atomically), and finally marks
@@ -13,7 +14,7 @@ import difflib
 import errno
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pto_patch import __version__, folder_lock, undo
@@ -26,7 +27,8 @@ from pto_patch.fileio import (
     make_dirs,
     sha256_bytes,
 )
-from pto_patch.locate import installed_transformers_release, locate_sources
+from pto_patch.folder_status import StatusResult, model_status  # noqa: F401 - the engine's API
+from pto_patch.locate import locate_sources
 from pto_patch.manifest import (
     BACKUP_DIR,
     MANIFEST_DIR,
@@ -37,13 +39,13 @@ from pto_patch.manifest import (
     link_target_escapes,
     parent_escapes,
 )
-from pto_patch.model_folder import read_download_record, read_model_config, resolve_model_folder
+from pto_patch.model_folder import read_model_config, resolve_model_folder
 from pto_patch.patch_context import PatchContext
 from pto_patch.patch_state import NONE, patch_state
 from pto_patch.resources import kernel_package_dir
+from pto_patch.restore import RestoreResult, restore_model  # noqa: F401 - the engine's API
 from pto_patch.rewrite_cache import RewriteCache, cache_dir
 from pto_patch.spec import ModelSpec, load_spec, parse_ops
-from pto_patch.tuning_file import tuning_status
 
 KERNEL_PACKAGE = "pto_kernels"
 
@@ -93,41 +95,6 @@ class ApplyResult:
             overlay_of=overlay_of,
             elapsed_s=time.perf_counter() - started,
         )
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    folder: Path
-    restored: tuple[str, ...]
-    removed: tuple[str, ...]
-    kept_edited: tuple[str, ...] = ()
-    was_interrupted: bool = False
-    purged_module_caches: tuple[str, ...] = ()
-    overlay_of: Path | None = None  # the overlay's source folder, left untouched
-    removed_folder: bool = False  # the overlay folder itself, which apply had created
-    elapsed_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class StatusResult:
-    folder: Path
-    spec: str
-    patched: bool
-    state: str | None = None  # None (not patched), "complete" or "in_progress"
-    ops: tuple[str, ...] = ()
-    ops_found: dict[str, list[str]] = field(default_factory=dict)
-    release_at_apply: str | None = None
-    release_now: str | None = None
-    tool_version_at_apply: str | None = None
-    drifted: tuple[str, ...] = ()
-    files: tuple[tuple[str, str], ...] = ()
-    download: dict | None = None
-    overlay: dict | None = None  # apply --overlay: the source folder and what changed there since
-    tuning: dict | None = None  # after `pto-patch tune`: tuning_file.tuning_status
-
-    @property
-    def needs_reapply(self) -> bool:
-        return self.patched and self.release_at_apply != self.release_now
 
 
 # --- planning (in memory only) --------------------------------------------------------------------
@@ -368,14 +335,6 @@ def apply_patch(
         return _apply_locked(spec, folder, chosen, dry_run, started, cache)
 
 
-def _check_writable(folder: Path, command: str) -> None:
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ModelFolderError(
-            f"{folder} is read-only, and {command} writes into it",
-            f"copy the model folder somewhere writable (or get write permission), then run {command} again",
-        )
-
-
 def _apply_locked(
     spec: ModelSpec,
     folder: Path,
@@ -442,90 +401,3 @@ def _apply_locked(
         undo.roll_back_failed_apply(folder)
         raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)
-
-
-def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = None, force: bool = False):
-    started = time.perf_counter()
-    spec = load_spec(model)
-    folder = resolve_model_folder(model_path, spec)
-    with folder_lock.exclusive(folder):
-        return _restore_locked(folder, force, started)
-
-
-def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
-    state = patch_state(folder)
-    if state.state == NONE:
-        raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
-    _check_writable(folder, "restore")
-    if state.manifest is None:
-        try:
-            undo.recover(folder)
-        except OSError as exc:
-            raise undo.stopped_restore_error(folder, exc) from exc
-        return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
-    manifest, interrupted = state.manifest, state.interrupted
-    # a file already back to its original is the trace of a restore that stopped, not an edit
-    drifted = [] if interrupted else sorted(set(state.drifted) - undo.original_paths(folder, manifest))
-    if drifted and not force:
-        raise DriftError(
-            f"{', '.join(drifted)} in {folder} changed since apply",
-            "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
-        )
-    undo.check_backups(folder, manifest)  # before anything is touched
-    overlay_record = overlays.record_of(folder, manifest)
-    try:
-        kept = undo.keep_edited_copies(folder, drifted)
-        if not interrupted:
-            undo.mark_restoring(folder, manifest)
-        try:
-            restored, removed = undo.finish_restore(folder, manifest)
-        except OSError:  # once more at once, as apply rolls back at once: a passing fault is gone
-            restored, removed = undo.finish_restore(folder, manifest)
-    except OSError as exc:
-        raise undo.stopped_restore_error(folder, exc) from exc
-    purged = undo.purge_module_caches(folder, manifest)
-    return RestoreResult(
-        folder=folder,
-        restored=tuple(restored),
-        removed=tuple(removed),
-        kept_edited=tuple(kept),
-        was_interrupted=interrupted,
-        purged_module_caches=tuple(purged),
-        overlay_of=Path(overlay_record.source) if overlay_record else None,
-        removed_folder=overlays.remove_created_folder(folder, overlay_record),
-        elapsed_s=time.perf_counter() - started,
-    )
-
-
-def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
-    from pto_patch.injections_found import find_injections
-
-    spec = load_spec(model)
-    folder = resolve_model_folder(model_path, spec)
-    release_now = installed_transformers_release()
-    download = read_download_record(folder)
-    state = patch_state(folder)
-    if state.manifest is None:
-        shown = STATE_IN_PROGRESS if state.interrupted else None
-        return StatusResult(
-            folder, spec.name, patched=False, state=shown, release_now=release_now, download=download
-        )
-    manifest = state.manifest
-    modeling = folder / spec.modeling_file
-    ops_found = find_injections(modeling.read_text(encoding="utf-8")) if modeling.is_file() else {}
-    return StatusResult(
-        folder=folder,
-        spec=manifest.spec,
-        patched=state.patched,
-        state=manifest.state,
-        ops=manifest.ops,
-        ops_found=ops_found,
-        release_at_apply=manifest.transformers_release,
-        release_now=release_now,
-        tool_version_at_apply=manifest.tool_version,
-        drifted=state.drifted,
-        files=tuple((r.path, r.action) for r in manifest.files),
-        download=download,
-        overlay=overlays.status_of(folder, manifest),
-        tuning=tuning_status(folder, manifest, state.drifted) if state.patched else None,
-    )

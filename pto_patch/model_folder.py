@@ -84,3 +84,11 @@ def read_download_record(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def check_writable(folder: Path, command: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ModelFolderError(
+            f"{folder} is read-only, and {command} writes into it",
+            f"copy the model folder somewhere writable (or get write permission), then run {command} again",
+        )

@@ -37,3 +37,50 @@ def test_an_unexpected_multi_line_error_stays_on_one_line(capsys):
         == "error: unexpected error: ImportError: AutoImageProcessor requires the Torchvision library."
     )
     assert len(lines) == 2 and lines[1].startswith("hint:")
+
+
+PLAIN_LINES = [
+    "restored /tmp/model: 2 file(s) put back byte for byte, 13 added file(s) removed, in 0.02 s",
+    "  your edited copy was kept as modeling_qwen2_5_vl.py.edited",
+    "patched /a b/c for ops rms_norm, mrope (source: transformers 5.24.0, /x/y.py)",
+    "  undo with: pto-patch restore --model-path /tmp/with spaces/ünï 模型  ",
+    "time 12:30, ratio 1:2 and a url https://huggingface.co/x",
+    "",
+]
+# what rich prints otherwise: markup, emoji codes, tabs, control characters, a line break
+RICH_LINES = ["[red]x[/] y", "a :smile: b", "path/:x:/y", "a\tb", "bell\x07", "two\nlines", "\\[literal]"]
+
+
+def rich_prints(text: str, **options) -> str:
+    import io
+
+    from rich.console import Console
+
+    file = io.StringIO()
+    Console(file=file, highlight=False, soft_wrap=True, **options).print(text)
+    return file.getvalue()
+
+
+@pytest.mark.parametrize("stderr", [False, True])
+def test_a_plain_line_is_printed_as_rich_would_print_it_without_rich(capsys, stderr):
+    from pto_patch.console import _Console, is_plain
+
+    console = _Console(stderr=stderr)
+    for text in PLAIN_LINES:
+        assert is_plain(text), text
+        console.print(text)
+        captured = capsys.readouterr()
+        assert (captured.err if stderr else captured.out) == rich_prints(text), text
+        assert rich_prints(text, force_terminal=True, color_system="truecolor") == text + "\n"
+    assert "rich_console" not in vars(console)  # rich was never needed
+
+
+def test_a_line_rich_would_change_goes_through_rich(capsys):
+    from pto_patch.console import _Console, is_plain
+
+    console = _Console(stderr=False)
+    for text in RICH_LINES:
+        assert not is_plain(text), text
+        console.print(text)
+        assert capsys.readouterr().out == rich_prints(text), text
+    assert any(rich_prints(text) != text + "\n" for text in RICH_LINES)

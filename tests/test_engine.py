@@ -317,9 +317,9 @@ def test_status_reports_release_change_and_drift(model_folder: Path, monkeypatch
     assert status.patched and not status.drifted and not status.needs_reapply
     assert set(status.ops_found) == set(OPS)
     (model_folder / "pto_kernels" / "__init__.py").write_text("# replaced\n")
-    import pto_patch.engine as engine_module
+    from pto_patch import folder_status
 
-    monkeypatch.setattr(engine_module, "installed_transformers_release", lambda: "9.9.9")
+    monkeypatch.setattr(folder_status, "installed_transformers_release", lambda: "9.9.9")
     status = engine.model_status(model_path=model_folder)
     assert status.drifted == ("pto_kernels/__init__.py",)
     assert status.needs_reapply

@@ -1,7 +1,9 @@
 """Commands that rewrite nothing import nothing heavy: --help, status, restore, models and an apply
 whose rewrites the cache holds load no libcst, torch, transformers, pydantic, huggingface_hub or run
-library, and --help and --json output no rich. Each command runs in a fresh interpreter, which
-reports the modules it ended up with.
+library; all but apply load none of the rewrite's modules (the engine, config_fix, patch_context,
+the rewrite cache); --help loads only the command line; --help, --json output and restore's text
+load no rich. Each command runs in a fresh interpreter, which reports the modules it ended up with,
+and each check has a case where an eager import makes it fail.
 
 (Their speed is measured in benchmarks/bench_apply.py, never asserted here.)
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +33,17 @@ HEAVY = (
     "pto_patch.run",
     "pto_patch.codemods",
 )
+# The rewrite's own modules: only apply needs them.
+REWRITE = ("pto_patch.engine", "pto_patch.config_fix", "pto_patch.patch_context", "pto_patch.rewrite_cache")
+# All of pto_patch that --help needs.
+HELP_MODULES = [
+    "pto_patch",
+    "pto_patch.cli",
+    "pto_patch.cli_values",
+    "pto_patch.console",
+    "pto_patch.errors",
+    "pto_patch.lazy_commands",
+]
 
 # Runs the command line after `setup`, then writes the names of every module imported to a file.
 COMMAND_THEN_MODULES = """
@@ -57,6 +71,10 @@ def modules_after(tmp_path: Path, args: list[str], setup: str = "") -> list[str]
     )
     assert "Traceback" not in done.stderr, done.stderr
     return json.loads(report.read_text())
+
+
+def own(modules: list[str]) -> list[str]:
+    return [name for name in modules if name.split(".")[0] == "pto_patch"]
 
 
 def heavy(modules: list[str], roots: tuple[str, ...] = HEAVY) -> list[str]:
@@ -88,9 +106,21 @@ def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patc
     for args in quick_commands(patched):
         modules = modules_after(tmp_path, args)
         assert heavy(modules) == [], args
-        if args == ["--help"] or "--json" in args:
+        assert heavy(modules, REWRITE) == [], args
+        if args == ["--help"] or "--json" in args or args[0] == "restore":
             assert heavy(modules, ("rich",)) == [], args
     assert not (patched / ".pto_patch").exists()  # restore ran, and restored
+
+
+def test_help_imports_only_the_command_line(tmp_path: Path):
+    assert own(modules_after(tmp_path, ["--help"])) == HELP_MODULES
+
+
+def test_a_restore_in_text_imports_no_rich(tmp_path: Path, patched: Path):
+    """Its lines are plain: console prints them as rich would, without rich."""
+    modules = modules_after(tmp_path, ["restore", "--model-path", str(patched)])
+    assert heavy(modules, ("rich", *HEAVY, *REWRITE)) == []
+    assert not (patched / ".pto_patch").exists()
 
 
 def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: Path):
@@ -114,6 +144,20 @@ def test_the_check_sees_an_import_made_eager(tmp_path: Path, patched: Path):
     assert heavy(modules) == ["libcst", "pto_patch.codemods"]
 
 
+def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: Path):
+    """What `status` importing the engine again, or rich for --json, would do."""
+    setup = "import pto_patch.engine, rich.console"
+    modules = modules_after(tmp_path, ["status", "--json", "--model-path", str(patched)], setup)
+    assert heavy(modules, REWRITE) == sorted(REWRITE)
+    assert heavy(modules, ("rich",)) == ["rich"]
+    assert own(modules_after(tmp_path, ["--help"], "import pto_patch.locate")) == [
+        *HELP_MODULES,
+        "pto_patch.locate",
+        "pto_patch.resources",
+        "pto_patch.spec",
+    ]
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("typer._adapters") is None, reason="this typer coerces without pydantic"
 )
@@ -122,3 +166,63 @@ def test_the_check_sees_pydantic_when_options_go_through_typer(tmp_path: Path, p
     off = "import pto_patch.cli_values as values; values.plain_type = lambda param: None"
     modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], off)
     assert heavy(modules) == ["pydantic"]
+
+
+ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # typer makes each option's info anew for each build
+
+
+def command_infos(typer_app) -> dict[str, tuple]:
+    """Every command of a Typer app as click sees it: each option's attributes, and its --help text."""
+    import typer.main
+
+    def described(command, ctx) -> tuple:
+        params = [
+            (
+                type(param).__name__,
+                sorted((key, ADDRESS.sub("", repr(value))) for key, value in vars(param).items()),
+            )
+            for param in command.get_params(ctx)
+        ]
+        sub = getattr(command, "commands", {})
+        return params, command.get_help(ctx), {name: described(sub[name], ctx) for name in sub}
+
+    group = typer.main.get_command(typer_app)
+    ctx = group.make_context("pto-patch", ["models"], resilient_parsing=True)
+    return {name: described(group.get_command(ctx, name), ctx) for name in group.list_commands(ctx)}
+
+
+def group_help(typer_app) -> str:
+    import typer.main
+
+    group = typer.main.get_command(typer_app)
+    return group.get_help(group.make_context("pto-patch", [], resilient_parsing=True))
+
+
+def test_the_lazy_app_has_every_command_of_the_whole_app_and_builds_only_what_a_call_looks_up():
+    """Its help and each command (option for option, help text) are the whole app's; listing the
+    commands builds none of them, running one builds that one."""
+    import typer.main
+
+    from pto_patch.cli import app
+    from pto_patch.lazy_commands import LazyGroup, lazy_app
+
+    assert group_help(lazy_app(app)) == group_help(app)
+    assert command_infos(lazy_app(app)) == command_infos(app)
+    group = typer.main.get_command(lazy_app(app))
+    assert isinstance(group, LazyGroup)
+    ctx = group.make_context("pto-patch", [], resilient_parsing=True)
+    assert "--model-path" not in group.get_help(ctx)
+    assert list(group.commands.built) == ["skill"]  # the sub-group, listed as typer lists it
+    assert group.resolve_command(ctx, ["status", "--json"])[0] == "status"
+    assert list(group.commands.built) == ["skill", "status"]
+    assert group.get_command(ctx, "stauts") is None and list(group.commands.built) == ["skill", "status"]
+    assert len(app.registered_commands) + len(app.registered_groups) == len(command_infos(app))  # untouched
+
+
+def test_the_listing_check_sees_a_different_short_help(monkeypatch):
+    from pto_patch.cli import app
+    from pto_patch.lazy_commands import LazyCommands, lazy_app
+
+    whole_help = group_help(app)
+    monkeypatch.setattr(LazyCommands, "listed", lambda self, name: self[name].__class__(name=name, help="x"))
+    assert group_help(lazy_app(app)) != whole_help
