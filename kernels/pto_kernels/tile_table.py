@@ -33,6 +33,13 @@ class TileConfig:
     down_split_k: bool = False  # down matmul: split K over cores, accumulating in global memory
     act_cols: int = 512  # SwiGLU activation vec tile: (act_rows, act_cols)
     act_rows: int | None = None  # None: row_tile (a 64-row fp32 activation tile overflows the UB)
+    # decoder-layer blocks: rows per vec tile of their RMSNorm (the reduction axis, hidden, stays whole);
+    # None: row_tile
+    norm_rows: int | None = None
+    # decoder-layer blocks: cube tiles of the o_proj (mlp_block) or q/k/v (attention_prologue) matmuls;
+    # None: cube_k / cube_n
+    proj_cube_k: tuple[int, int] | None = None
+    proj_cube_n: tuple[int, int] | None = None
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
@@ -88,6 +95,43 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 }
 
 
+# The decoder-layer blocks (residual_rms_norm, mlp_block, attention_prologue), same keys. Kept apart from
+# TILE_TABLE, whose every entry the per-op interpreter tests run: these are run by
+# tests/kernels/test_kernels_pypto_blocks.py. Widths are the hidden size.
+BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
+    ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
+    ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8),
+    ("mlp_block", "decode", None): TileConfig(
+        row_tile=16,
+        norm_rows=4,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+    ("mlp_block", "prefill", None): TileConfig(
+        row_tile=128,
+        cube_m=128,
+        norm_rows=4,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        act_rows=16,
+        pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+    ("attention_prologue", "decode", None): TileConfig(
+        row_tile=16, norm_rows=4, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+    ),
+    ("attention_prologue", "prefill", None): TileConfig(
+        row_tile=128,
+        cube_m=128,
+        norm_rows=4,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        act_rows=16,
+        pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+}
+
+
 def shape_class(rows: int) -> str:
     return "decode" if rows <= DECODE_MAX_ROWS else "prefill"
 
@@ -95,5 +139,6 @@ def shape_class(rows: int) -> str:
 def tile_config(op: str, rows: int, width: int) -> tuple[str, TileConfig]:
     """The shape class of a call with `rows` rows and its TileConfig (a width-specific entry wins)."""
     klass = shape_class(rows)
-    config = TILE_TABLE.get((op, klass, width)) or TILE_TABLE[(op, klass, None)]
+    table = BLOCK_TILE_TABLE if (op, klass, None) in BLOCK_TILE_TABLE else TILE_TABLE
+    config = table.get((op, klass, width)) or table[(op, klass, None)]
     return klass, config
