@@ -885,3 +885,32 @@ def attention_prologue_mixed(
     """attention_prologue with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
     projections = ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
     return _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim)
+
+
+# --- a plain projection: the per-op baseline of the cost model's decoder-layer row --------------------
+
+
+def _build_linear(rows, in_features, out_features, dtype, config, device_type):
+    """x [rows, in] @ weight [out, in]^T (nn.Linear layout, no bias) -> [rows, out]. No entry calls it: it
+    stands in for a layer's q/k/v and o projections in benchmarks/bench_sim.py's per-op decoder layer."""
+    pypto = _pypto()
+    dt = _dtype(dtype)
+    rows_axis = _row_axis(config, rows)
+    tile = config.row_tile
+    m, proj_k, proj_n, _ = _block_tiles(config)
+
+    @_jit(device_type, config)
+    def linear_kernel(
+        x: pypto.Tensor([rows_axis, in_features], dt),
+        weight: pypto.Tensor([out_features, in_features], dt),
+        out: pypto.Tensor([rows_axis, out_features], dt),
+    ):
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            xt = pypto.view(x, [tile, in_features], [start, 0], valid_shape=[valid, in_features])
+            pypto.set_cube_tile_shapes(m, proj_k, proj_n)
+            pypto.assemble(pypto.matmul(xt, weight, dt, b_trans=True), [start, 0], out)
+
+    return linear_kernel

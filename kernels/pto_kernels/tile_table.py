@@ -129,6 +129,10 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
+    # a plain projection (pypto_kernels._build_linear): the cost model's per-op decoder layer only
+    ("linear", "decode", None): TileConfig(
+        row_tile=16, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+    ),
 }
 
 
