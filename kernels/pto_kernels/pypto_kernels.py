@@ -569,13 +569,13 @@ def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
         for step in pypto.loop((n_rows + tile - 1) // tile):
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
-            xt = pypto.cast(pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden]), fp32)
-            rt = pypto.cast(
-                pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden]), fp32
-            )
-            summed = pypto.cast(pypto.add(rt, xt), dt)  # rounded, as transformers' `residual + hidden_states`
+            pypto.set_pass_options(sg_set_scope=1)
+            xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            summed = pypto.add(rt, xt)  # in dt: rounded, as transformers' `residual + hidden_states`
             pypto.assemble(summed, [start, 0], summed_out)
             pypto.assemble(_normed(pypto.cast(summed, fp32), weight, hidden, eps, dt), [start, 0], normed_out)
+        pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
     return residual_rms_norm_kernel
 
@@ -729,23 +729,26 @@ def _build_attention_prologue(
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
             pypto.set_vec_tile_shapes(norm_rows, hidden)
+            pypto.set_pass_options(sg_set_scope=1)
             xt = pypto.cast(pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden]), fp32)
             normed = _normed(xt, norm_w, hidden, eps, dt)
+            pypto.set_pass_options(sg_set_scope=-1)
             pypto.set_cube_tile_shapes(m, proj_k, proj_n)
             q = pypto.matmul(normed, q_w, fp32, b_trans=True)
             k = pypto.matmul(normed, k_w, fp32, b_trans=True)
             v = pypto.matmul(normed, v_w, fp32, b_trans=True)
-            pypto.set_vec_tile_shapes(tile, half)
+            pypto.set_vec_tile_shapes(tile, dim)
             pypto.assemble(_biased(v, v_b, dt), [start, 0], v_out)
             for head in range(q_heads + k_heads):
                 if head < q_heads:
                     src, bias, dst, col = q, q_b, q_out, head * dim
                 else:
                     src, bias, dst, col = k, k_b, k_out, (head - q_heads) * dim
-                halves = _table_halves(cos, sin, start, tile, valid, half)
-                out1, out2 = _rope_epilogue(src, bias, col, halves, tile, valid, half, dt)
+                pypto.set_pass_options(sg_set_scope=head + 2)
+                out1, out2 = _rope_epilogue(src, bias, col, cos, sin, start, tile, valid, dim, dt)
                 pypto.assemble(out1, [start, col], dst)
                 pypto.assemble(out2, [start, col + half], dst)
+        pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
     return attention_prologue_kernel
 
@@ -756,23 +759,25 @@ def _biased(projected, bias, dt):
     return pypto.cast(pypto.add(projected, pypto.cast(bias, pypto.DT_FP32)), dt)
 
 
-def _rope_epilogue(projected, bias, col, halves, tile, valid, half, dt):
-    """Inside a kernel: one head of an fp32 q or k projection tile (its columns col .. col + 2*half), biased
-    and rounded as F.linear's output, then rotated with the table halves; the two output halves in dt."""
+def _rope_epilogue(projected, bias, col, cos, sin, start, tile, valid, dim, dt):
+    """Inside a kernel: one head of an fp32 q or k projection tile (its columns col .. col + dim), biased
+    and rounded as F.linear's output, then rotated with the mixed tables' rows; the two output halves in dt.
+
+    One copy each of the head, its bias, cos and sin (whole head_dim rows): the halves are views of those.
+    """
     pypto = _pypto()
-    fp32 = pypto.DT_FP32
-    x1, x2 = (
-        pypto.cast(
-            _biased(
-                pypto.view(projected, [tile, half], [0, c], valid_shape=[valid, half]),
-                pypto.view(bias, [1, half], [0, c]),
-                dt,
-            ),
-            fp32,
-        )
-        for c in (col, col + half)
-    )
-    out1, out2 = _rotated(x1, x2, *halves)
+    fp32, half = pypto.DT_FP32, dim // 2
+    head = pypto.view(projected, [tile, dim], [0, col], valid_shape=[valid, dim])
+    x = pypto.cast(_biased(head, pypto.view(bias, [1, dim], [0, col]), dt), fp32)
+    cos_t = pypto.cast(pypto.view(cos, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
+    sin_t = pypto.cast(pypto.view(sin, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
+    halves = [
+        pypto.view(t, [tile, half], [0, c], valid_shape=[valid, half])
+        for t in (x, cos_t, sin_t)
+        for c in (0, half)
+    ]
+    x1, x2, cos1, cos2, sin1, sin2 = halves
+    out1, out2 = _rotated(x1, x2, cos1, cos2, sin1, sin2)
     return pypto.cast(out1, dt), pypto.cast(out2, dt)
 
 
