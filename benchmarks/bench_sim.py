@@ -258,7 +258,18 @@ def _sim_block(op: str, params: dict, config) -> None:
             torch.randn(*shape, dtype=bf16) for shape in ((TEXT, attn_width), (INTER, TEXT), (INTER, TEXT))
         )
         down = torch.randn(TEXT, INTER, dtype=bf16)
-        kernel(x, torch.randn(rows, attn_width, dtype=bf16), o_w, norm_w, gate, up, down, torch.empty_like(x))
+        kernel(
+            x,
+            torch.randn(rows, attn_width, dtype=bf16),
+            o_w,
+            norm_w,
+            gate,
+            up,
+            down,
+            torch.empty_like(x),
+            torch.empty_like(x),
+            torch.empty_like(x),
+        )
     else:
         kernel = pypto_kernels._build_attention_prologue(
             rows, TEXT, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, eps, config, "sim"

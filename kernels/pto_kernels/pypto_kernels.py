@@ -629,6 +629,8 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
         up_w: pypto.Tensor([inter, hidden], dt),
         down_w: pypto.Tensor([hidden, inter], dt),
         out: pypto.Tensor([rows_axis, hidden], dt),
+        normed_buf: pypto.Tensor([rows_axis, hidden], dt),
+        projected_buf: pypto.Tensor([rows_axis, hidden], dt),
     ):
         n_rows = residual.shape[0]
         for step in pypto.loop((n_rows + tile - 1) // tile):
@@ -638,10 +640,18 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
             pypto.set_cube_tile_shapes(m, proj_k, proj_n)
             projected = pypto.matmul(at, o_w, dt, b_trans=True)  # o_proj, rounded like F.linear's output
             pypto.set_vec_tile_shapes(norm_rows, hidden)
+            pypto.assemble(projected, [start, 0], projected_buf)
+            pypto.set_pass_options(sg_set_scope=1)
             rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
-            summed = pypto.cast(pypto.add(pypto.cast(rt, fp32), pypto.cast(projected, fp32)), dt)
+            ot = pypto.view(projected_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            summed = pypto.cast(pypto.add(pypto.cast(rt, fp32), pypto.cast(ot, fp32)), dt)
             normed = _normed(pypto.cast(summed, fp32), norm_w, hidden, eps, dt)
-            down = _swiglu(normed, gate_w, up_w, down_w, dt, dt, inter, config)
+            pypto.assemble(normed, [start, 0], normed_buf)
+            pypto.set_pass_options(sg_set_scope=-1)
+            # the MLP reads the normed rows back from global memory, as the SwiGLU kernel reads its input:
+            # cube_l1_reuse then merges the gate/up tiles that share them (172 tasks -> about 22)
+            nt = pypto.view(normed_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            down = _swiglu(nt, gate_w, up_w, down_w, dt, dt, inter, config)
             pypto.set_vec_tile_shapes(norm_rows, hidden)
             result = pypto.add(pypto.cast(summed, fp32), pypto.cast(down, fp32))
             pypto.assemble(pypto.cast(result, dt), [start, 0], out)
@@ -687,9 +697,9 @@ def mlp_block(
         key,
         lambda: _build_mlp_block(rows, hidden, attn.shape[1], inter, dtype, float(eps), config, device_type),
     )
-    out = _new_output(res)
+    out, normed_buf, projected_buf = _new_output(res), _new_output(res), _new_output(res)
     with _quiet_stdout(device_type):
-        kernel(res, attn, o_w, norm_w, gate_w, up_w, down_w, out)
+        kernel(res, attn, o_w, norm_w, gate_w, up_w, down_w, out, normed_buf, projected_buf)
     return out.reshape(shape)
 
 

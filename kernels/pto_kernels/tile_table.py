@@ -101,12 +101,20 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
     ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8),
+    # 1 token: 222,652 cycles (1.19x its floor). cube_k (256, 1024) halves the L1 steps a tile takes
+    # (the SwiGLU kernel alone at these tiles: 171,700 vs 225,489 at the swiglu_mlp entry's). The o_proj is
+    # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
+    # tasks of 14,386 unmerged); norm_rows 4: 227,812 + ~5,000
     ("mlp_block", "decode", None): TileConfig(
         row_tile=16,
-        norm_rows=4,
-        cube_k=(128, 512),
+        norm_rows=8,
+        cube_k=(256, 1024),
         cube_n=(128, 256),
-        pass_settings=((_L1_REUSE, -1, 8),),
+        down_cube_k=(256, 1024),
+        down_cube_n=(128, 128),
+        proj_cube_k=(256, 1024),
+        proj_cube_n=(128, 128),
+        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
     ),
     ("mlp_block", "prefill", None): TileConfig(
         row_tile=128,
