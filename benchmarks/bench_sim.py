@@ -279,9 +279,8 @@ def _sim_block(op: str, params: dict, config) -> None:
         biases = [torch.randn(1, n, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
         cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
         outs = [torch.empty(rows, n, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
-        kernel(
+        kernel(  # the weights stand for ones with the norm weight folded in
             x,
-            norm_w,
             weights[0],
             biases[0],
             weights[1],

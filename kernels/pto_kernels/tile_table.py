@@ -125,8 +125,11 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
+    # 1 token: 33,269 cycles (2.43x the q/k/v floor): 20 matmul tasks of 14,386 (one per 128 columns; L1
+    # reuse would merge them onto fewer cores), then one epilogue task per head (10,343: six serial
+    # copies). norm_rows 4: 37,909; (128, 512) K tiles: 19,036 a matmul task; 64-column tiles: 2 waves
     ("attention_prologue", "decode", None): TileConfig(
-        row_tile=16, norm_rows=4, cube_k=(128, 512), cube_n=(128, 256), pass_settings=((_L1_REUSE, -1, 8),)
+        row_tile=16, norm_rows=8, cube_k=(256, 1024), cube_n=(128, 128)
     ),
     ("attention_prologue", "prefill", None): TileConfig(
         row_tile=128,

@@ -143,3 +143,19 @@ def test_one_kernel_per_entry_dtype_and_shape_class(results):
         # bf16 decode, fp32 decode, bf16 prefill (the sabotaged bf16 calls hit the decode kernel)
         assert stats[op]["built"] == 3, (op, stats[op])
         assert stats[op]["cache_hits"] >= 2, (op, stats[op])
+
+
+def test_norm_folded_weights_are_made_once_and_again_after_a_change():
+    from pto_kernels import pypto_kernels
+
+    folded = pypto_kernels._NormFolded()
+    weight, norm = torch.randn(8, 4), torch.rand(4) + 0.5
+    first = folded.get(weight, norm, torch.float32)
+    torch.testing.assert_close(first, weight * norm)
+    assert folded.get(weight, norm, torch.float32) is first and folded.builds == 1
+    with torch.no_grad():
+        norm.mul_(2.0)  # an in-place change bumps the version counter
+    torch.testing.assert_close(folded.get(weight, norm, torch.float32), weight * norm)
+    assert folded.builds == 2
+    del weight, first
+    assert not folded._by_id  # the copy goes with its weight
