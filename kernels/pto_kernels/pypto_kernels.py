@@ -1,4 +1,6 @@
-"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP.
+"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP, and
+decoder-layer blocks (residual add + RMSNorm; o_proj + residual + RMSNorm + MLP + residual; RMSNorm + q/k/v
++ MRoPE), one kernel each.
 
 On an Ascend NPU the kernels run in PyPTO's NPU mode. On the CPU, PyPTO's SIM mode only estimates cycles,
 so CPU tensors go through PyPTO's verify interpreter instead (slow: for correctness checks, never for
@@ -540,7 +542,17 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 # Several of a layer's ops as one kernel each: residual add + RMSNorm; o_proj + residual + RMSNorm + SiLU
 # MLP + residual; RMSNorm + q/k/v projections (with their biases) + MRoPE. Tilings: tile_table's
 # BLOCK_TILE_TABLE. Rounding follows transformers: each projection's output, the residual sums and the
-# normed activations are rounded to the activations' dtype where the model's eager code rounds them.
+# normed activations are rounded to the activations' dtype where the model's eager code rounds them, except
+# in attention_prologue, whose norm is folded into the q/k/v weights (its normed activations are never
+# formed: the scale is applied to the fp32 matmul output, and W * norm_weight is rounded once).
+#
+# What the cost model taught (pypto 0.2 SIM): every copy from global memory waits ~1,450 cycles however
+# small, serially within a task; a task that waits on another starts ~5,000-7,500 cycles after it ends; so
+# a block wants few stages and few copies a task. `sg_set_scope` forces a run of vector ops into one task
+# (pypto otherwise splits input casts into tasks of their own); a vector intermediate read by several
+# tasks merges them into one, so each RoPE head works out what it needs itself; and cube_l1_reuse only
+# merges matmul tiles whose left operand is read from global memory, so mlp_block hands its normed rows to
+# the MLP through a scratch tensor.
 
 
 def _block_tiles(config: TileConfig) -> tuple[list[int], list[int], list[int], int]:
