@@ -568,6 +568,8 @@ def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
     rows_axis = _row_axis(config, rows)
     tile = config.row_tile
 
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
     @_jit(device_type, config)
     def residual_rms_norm_kernel(
         x: pypto.Tensor([rows_axis, hidden], dt),
@@ -581,7 +583,7 @@ def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
         for step in pypto.loop((n_rows + tile - 1) // tile):
             start = step * tile
             valid = pypto.min(start + tile, n_rows) - start
-            pypto.set_pass_options(sg_set_scope=1)
+            pypto.set_pass_options(sg_set_scope=norm_scope)
             xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             summed = pypto.add(rt, xt)  # in dt: rounded, as transformers' `residual + hidden_states`
@@ -631,6 +633,8 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
     tile = config.row_tile
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
 
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
     @_jit(device_type, config)
     def mlp_block_kernel(
         residual: pypto.Tensor([rows_axis, hidden], dt),
@@ -653,7 +657,7 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
             projected = pypto.matmul(at, o_w, dt, b_trans=True)  # o_proj, rounded like F.linear's output
             pypto.set_vec_tile_shapes(norm_rows, hidden)
             pypto.assemble(projected, [start, 0], projected_buf)
-            pypto.set_pass_options(sg_set_scope=1)
+            pypto.set_pass_options(sg_set_scope=norm_scope)
             rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             ot = pypto.view(projected_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             summed = pypto.cast(pypto.add(pypto.cast(rt, fp32), pypto.cast(ot, fp32)), dt)
@@ -734,6 +738,8 @@ def _build_attention_prologue(
     q_width, kv_width = q_heads * dim, k_heads * dim
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
 
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
     @_jit(device_type, config)
     def attention_prologue_kernel(
         x: pypto.Tensor([rows_axis, hidden], dt),
@@ -761,7 +767,7 @@ def _build_attention_prologue(
             # each epilogue task works out its rows' RMSNorm scale from x itself: a scale shared between
             # tasks would make them one task (pypto merges the consumers of a vector intermediate)
             pypto.set_vec_tile_shapes(norm_rows, hidden)
-            pypto.set_pass_options(sg_set_scope=1)
+            pypto.set_pass_options(sg_set_scope=norm_scope)
             scale = _rms_scale(xt, hidden, eps)
             pypto.set_vec_tile_shapes(tile, dim)
             pypto.assemble(_biased(pypto.mul(v, scale), v_b, dt), [start, 0], v_out)

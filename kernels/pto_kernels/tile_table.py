@@ -36,6 +36,9 @@ class TileConfig:
     # decoder-layer blocks: rows per vec tile of their RMSNorm (the reduction axis, hidden, stays whole);
     # None: row_tile
     norm_rows: int | None = None
+    # decoder-layer blocks: their RMSNorm's vec tiles in one task (pypto's sg_set_scope) rather than a task
+    # each: at decode, fewer tasks and no waits between them; at prefill, one task would run them in series
+    norm_one_task: bool = True
     # decoder-layer blocks: cube tiles of the o_proj (mlp_block) or q/k/v (attention_prologue) matmuls;
     # None: cube_k / cube_n
     proj_cube_k: tuple[int, int] | None = None
@@ -100,11 +103,12 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 # tests/kernels/test_kernels_pypto_blocks.py. Widths are the hidden size.
 BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
-    ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8),
+    ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8, norm_one_task=False),
     # 1 token: 222,652 cycles (1.19x its floor). cube_k (256, 1024) halves the L1 steps a tile takes
     # (the SwiGLU kernel alone at these tiles: 171,700 vs 225,489 at the swiglu_mlp entry's). The o_proj is
     # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
-    # tasks of 14,386 unmerged); norm_rows 4: 227,812 + ~5,000
+    # tasks of 14,386 unmerged). Before the o_proj output went through scratch: norm_rows 4 233,512, 8
+    # 227,812
     ("mlp_block", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
@@ -116,18 +120,18 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         proj_cube_n=(128, 128),
         pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
     ),
+    # prefill entries: the shapes of the swiglu_mlp prefill entry, not searched further. 128 tokens:
+    # 385,013 cycles (2.04x; the SwiGLU kernel alone: 309,716); the norm as one task: 505,060
     ("mlp_block", "prefill", None): TileConfig(
         row_tile=128,
         cube_m=128,
         norm_rows=4,
+        norm_one_task=False,
         cube_k=(128, 512),
         cube_n=(128, 256),
         act_rows=16,
-        pass_settings=((_L1_REUSE, -1, 8),),
+        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
     ),
-    # 1 token: 33,269 cycles (2.43x the q/k/v floor): 20 matmul tasks of 14,386 (one per 128 columns; L1
-    # reuse would merge them onto fewer cores), then one epilogue task per head (10,343: six serial
-    # copies). norm_rows 4: 37,909; (128, 512) K tiles: 19,036 a matmul task; 64-column tiles: 2 waves
     ("attention_prologue", "decode", None): TileConfig(
         row_tile=16, norm_rows=8, cube_k=(256, 1024), cube_n=(128, 128)
     ),
@@ -135,6 +139,7 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         row_tile=128,
         cube_m=128,
         norm_rows=4,
+        norm_one_task=False,
         cube_k=(128, 512),
         cube_n=(128, 256),
         act_rows=16,
