@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
 from pto_kernels import pypto_kernels  # noqa: E402
+from pto_kernels.tile_table import tile_config  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
 # head_dim / 2 must fill whole 32-byte blocks: 16 fp32 or 32 bf16 values a head
@@ -127,6 +128,15 @@ def main(out_path: str) -> None:
         inputs = make_inputs("bfloat16", "rows6", 400)
         for entry in ENTRIES:
             results[f"sabotaged/{entry}"] = {"inputs": inputs, "output": call(entry, inputs, sabotage=True)}
+        # the cost model's per-op stand-in for a projection: checked too, so its numbers are of a right kernel
+        inputs = make_inputs("bfloat16", "rows6", 401)
+        x, weight = inputs["hidden_states"].reshape(-1, HIDDEN), inputs["q_weight"]
+        config = tile_config("linear", x.shape[0], HIDDEN)[1]
+        kernel = pypto_kernels._build_linear(x.shape[0], HIDDEN, weight.shape[0], x.dtype, config, "cpu")
+        out = torch.full((x.shape[0], weight.shape[0]), float("nan"), dtype=x.dtype)
+        with pypto_kernels._quiet_stdout("cpu"):
+            kernel(x, weight, out)
+        results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
     stats = pypto_kernels.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
 

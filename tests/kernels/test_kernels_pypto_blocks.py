@@ -128,6 +128,12 @@ def test_attention_prologue_without_biases(results):
         gc.check_close(got, want, torch.float32, what)
 
 
+def test_the_cost_models_plain_linear_kernel(results):
+    result = results["results"]["linear/bfloat16-rows6"]
+    x, weight = result["inputs"]["x"], result["inputs"]["weight"]
+    gc.check_close(result["output"], x.double() @ weight.double().T, torch.bfloat16, "linear")
+
+
 @pytest.mark.parametrize("entry", runner.ENTRIES)
 def test_a_sabotaged_call_fails_the_check(entry, results):
     """A wrong weight, gate and up swapped, sections reversed, cos and sin swapped: the same check fails."""
