@@ -23,6 +23,14 @@ simulated once in its own subprocess with a time limit. Reported per shape:
   small kernel's time is about spread + longest, and longest is at least copy-in x ~1,400 + ~360 (the
   copy out): a decode RMSNorm (x and the weight: 2 copies) cannot go below ~3,200 cycles (1.8 us).
 Targets (issue 9): MLP <= 1.3x at decode, RMSNorm and MRoPE <= 2 us at decode and <= 1.5x at prefill.
+
+Decoder-layer blocks (issue 19), at decode: residual add + RMSNorm <= 2 us; mlp_block (o_proj, residual,
+RMSNorm, SiLU MLP, residual) <= 1.2x its floor; attention_prologue (RMSNorm, q/k/v projections with biases,
+MRoPE) <= 1.5x. The `decoder_layer` rows add up the spans of everything a layer launches except the
+attention core, run back to back (so each kernel's start-up counts once per kernel): `per_op` is rms_norm
+x2, mrope, swiglu_mlp and the q, k, v and o projections as plain matmul kernels (`linear`, bias-free);
+`fused` is attention_prologue + mlp_block. Both are judged against the layer's weight floor (q/k/v, o and
+the MLP: about 200,700 cycles); the fused layer's target is <= 1.3x.
 """
 
 import argparse
@@ -50,9 +58,30 @@ BF16_BYTES = 2
 TEXT, VISION, INTER, Q_HEADS, K_HEADS, HEAD_DIM, SECTIONS = 2048, 1280, 11008, 16, 2, 128, (16, 24, 24)
 DECODE_ROWS = (1, 4, 8, 16)
 PREFILL_ROWS = (128, 700, 2048)
+KV_WIDTH = K_HEADS * HEAD_DIM
 QUICK = [("rms_norm", {"rows": 1, "width": TEXT}), ("mrope", {"rows": 1}), ("swiglu_mlp", {"rows": 1})]
+BLOCKS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+# a decoder layer's kernels apart from the attention core, per op and as fused blocks: (op, params
+# other than rows); each `linear` is one of the layer's projections, (out, in)
+LAYER_KERNELS = {
+    "per_op": [
+        ("rms_norm", {"width": TEXT}),
+        ("linear", {"out": Q_HEADS * HEAD_DIM, "in": TEXT}),
+        ("linear", {"out": KV_WIDTH, "in": TEXT}),
+        ("linear", {"out": KV_WIDTH, "in": TEXT}),
+        ("mrope", {}),
+        ("linear", {"out": TEXT, "in": Q_HEADS * HEAD_DIM}),
+        ("rms_norm", {"width": TEXT}),
+        ("swiglu_mlp", {}),
+    ],
+    "fused": [("attention_prologue", {}), ("mlp_block", {})],
+}
 TARGETS = {  # (shape class, op) -> (what, limit)
     ("decode", "swiglu_mlp"): ("ratio", 1.3),
+    ("decode", "residual_rms_norm"): ("us", 2.0),
+    ("decode", "mlp_block"): ("ratio", 1.2),
+    ("decode", "attention_prologue"): ("ratio", 1.5),
+    ("decode", "decoder_layer/fused"): ("ratio", 1.3),
     ("decode", "rms_norm"): ("us", 2.0),
     ("decode", "mrope"): ("us", 2.0),
     ("prefill", "rms_norm"): ("ratio", 1.5),
@@ -66,6 +95,44 @@ def shapes() -> list[tuple[str, dict]]:
     out.append(("rms_norm", {"rows": 2500, "width": VISION}))
     out += [("mrope", {"rows": r}) for r in rows]
     out += [("swiglu_mlp", {"rows": r}) for r in rows]
+    return out
+
+
+def block_shapes(rows=DECODE_ROWS) -> list[tuple[str, dict]]:
+    """The decoder-layer blocks and the kernels of both decoder-layer variants, each once, at decode."""
+    out = []
+    for r in rows:
+        out.append(("residual_rms_norm", {"rows": r, "width": TEXT}))
+        for op, params in LAYER_KERNELS["fused"] + LAYER_KERNELS["per_op"]:
+            if (op, {"rows": r} | params) not in out:
+                out.append((op, {"rows": r} | params))
+    return out
+
+
+def layer_entries(entries: list[dict], soc: dict) -> list[dict]:
+    """A `decoder_layer` entry per variant and row count whose kernels all simulated: their spans summed."""
+    by_kernel = {(e["op"], json.dumps(e["params"], sort_keys=True)): e for e in entries}
+    out = []
+    for rows in sorted({e["params"]["rows"] for e in entries}):
+        for variant, kernels in LAYER_KERNELS.items():
+            parts = [by_kernel.get((op, json.dumps({"rows": rows} | p, sort_keys=True))) for op, p in kernels]
+            if any(part is None for part in parts):
+                continue
+            entry = {"op": f"decoder_layer/{variant}", "params": {"rows": rows}, "dtype": "bfloat16"}
+            missing = [part["op"] for part in parts if part["status"] != "ok"]
+            if missing:
+                entry |= {"status": "not available", "reason": f"not simulated: {', '.join(missing)}"}
+            else:
+                cycles = sum(part["cycles"] for part in parts)
+                entry |= {
+                    "status": "ok",
+                    "cycles": cycles,
+                    "us": cycles * US_PER_CYCLE,
+                    "tasks": sum(part["tasks"] for part in parts),
+                    "kernels": len(parts),
+                    "wall_s": sum(part.get("wall_s", 0.0) for part in parts),
+                }
+            out.append(with_roofline(entry, soc))
     return out
 
 
@@ -90,9 +157,22 @@ def soc_config() -> dict:
     }
 
 
+def _weight_elements(op: str, params: dict) -> int:
+    """Weight matrix elements a kernel streams (its matmuls' multiply-accumulates per row)."""
+    mlp, qkv, o_proj = 3 * TEXT * INTER, TEXT * (Q_HEADS * HEAD_DIM + 2 * KV_WIDTH), Q_HEADS * HEAD_DIM * TEXT
+    return {
+        "swiglu_mlp": mlp,
+        "mlp_block": o_proj + mlp,
+        "attention_prologue": qkv,
+        "linear": params.get("out", 0) * params.get("in", 0),
+        "decoder_layer/per_op": qkv + o_proj + mlp,
+        "decoder_layer/fused": qkv + o_proj + mlp,
+    }.get(op, 0)
+
+
 def matmul_macs(op: str, params: dict) -> int:
-    """Multiply-accumulates of the kernel's matmuls (the MLP's gate, up and down projections)."""
-    return 3 * params["rows"] * TEXT * INTER if op == "swiglu_mlp" else 0
+    """Multiply-accumulates of the kernel's matmuls (the MLP's gate, up and down projections, ...)."""
+    return params["rows"] * _weight_elements(op, params)
 
 
 def min_bytes(op: str, params: dict) -> int:
@@ -100,10 +180,22 @@ def min_bytes(op: str, params: dict) -> int:
     rows = params["rows"]
     if op == "rms_norm":
         return BF16_BYTES * (2 * rows * params["width"] + params["width"])
+    if op == "residual_rms_norm":  # x, residual in; normed, sum out; the weight
+        return BF16_BYTES * (4 * rows * params["width"] + params["width"])
     if op == "mrope":
         # the kernel reads section-mixed tables (mixed once per forward, not per layer)
         return BF16_BYTES * (2 * rows * (Q_HEADS + K_HEADS) * HEAD_DIM + 2 * rows * HEAD_DIM)
-    return BF16_BYTES * (3 * TEXT * INTER + 2 * rows * TEXT)
+    weights = _weight_elements(op, params)
+    if op == "linear":
+        return BF16_BYTES * (weights + rows * (params["in"] + params["out"]))
+    if op == "mlp_block":  # residual, attention output in; out; the norm weight
+        return BF16_BYTES * (weights + 3 * rows * TEXT + TEXT)
+    if op == "attention_prologue":  # x, mixed cos/sin in; q, k, v out; the norm weight and the biases
+        qkv_width = Q_HEADS * HEAD_DIM + 2 * KV_WIDTH
+        return BF16_BYTES * (weights + rows * (TEXT + 2 * HEAD_DIM + qkv_width) + TEXT + qkv_width)
+    if op.startswith("decoder_layer/"):  # the layer's weights (the floor the issue names), its input once
+        return BF16_BYTES * (weights + 2 * rows * TEXT)
+    return BF16_BYTES * (weights + 2 * rows * TEXT)
 
 
 # --- in the subprocess -------------------------------------------------------------------------------
@@ -116,7 +208,7 @@ def _sim_child(request: str) -> None:
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
-    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM, "swiglu_mlp": TEXT}[op]
+    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM}.get(op, TEXT)
     if config is None:
         config = tile_config(op, rows, width)[1]
     else:
@@ -136,8 +228,69 @@ def _sim_child(request: str) -> None:
         x = torch.randn(rows, TEXT, dtype=bf16)
         gate, up = torch.randn(INTER, TEXT, dtype=bf16), torch.randn(INTER, TEXT, dtype=bf16)
         kernel(x, gate, up, torch.randn(TEXT, INTER, dtype=bf16), torch.empty_like(x))
+    elif op in BLOCKS or op == "linear":
+        _sim_block(op, params, config)
     else:
         raise ValueError(op)
+
+
+def _sim_block(op: str, params: dict, config) -> None:
+    from pto_kernels import pypto_kernels
+
+    bf16, rows, eps = torch.bfloat16, params["rows"], 1e-6
+    x = torch.randn(rows, TEXT, dtype=bf16)
+    norm_w = torch.ones(1, TEXT, dtype=bf16)
+    if op == "residual_rms_norm":
+        kernel = pypto_kernels._build_residual_rms_norm(rows, TEXT, bf16, eps, config, "sim")
+        kernel(x, torch.randn_like(x), norm_w, torch.empty_like(x), torch.empty_like(x))
+    elif op == "linear":
+        kernel = pypto_kernels._build_linear(rows, params["in"], params["out"], bf16, config, "sim")
+        x = torch.randn(rows, params["in"], dtype=bf16)
+        kernel(
+            x,
+            torch.randn(params["out"], params["in"], dtype=bf16),
+            torch.empty(rows, params["out"], dtype=bf16),
+        )
+    elif op == "mlp_block":
+        attn_width = Q_HEADS * HEAD_DIM
+        kernel = pypto_kernels._build_mlp_block(rows, TEXT, attn_width, INTER, bf16, eps, config, "sim")
+        o_w, gate, up = (
+            torch.randn(*shape, dtype=bf16) for shape in ((TEXT, attn_width), (INTER, TEXT), (INTER, TEXT))
+        )
+        down = torch.randn(TEXT, INTER, dtype=bf16)
+        kernel(
+            x,
+            torch.randn(rows, attn_width, dtype=bf16),
+            o_w,
+            norm_w,
+            gate,
+            up,
+            down,
+            torch.empty_like(x),
+            torch.empty_like(x),
+            torch.empty_like(x),
+        )
+    else:
+        kernel = pypto_kernels._build_attention_prologue(
+            rows, TEXT, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, eps, config, "sim"
+        )
+        q_width = Q_HEADS * HEAD_DIM
+        weights = [torch.randn(n, TEXT, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
+        biases = [torch.randn(1, n, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
+        cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
+        outs = [torch.empty(rows, n, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
+        kernel(  # the weights stand for ones with the norm weight folded in
+            x,
+            weights[0],
+            biases[0],
+            weights[1],
+            biases[1],
+            weights[2],
+            biases[2],
+            cos,
+            cos.clone(),
+            *outs,
+        )
 
 
 # --- reading pypto's reports -------------------------------------------------------------------------
@@ -271,6 +424,8 @@ def with_roofline(entry: dict, soc: dict) -> dict:
         # against the higher of the two floors: a long prefill MLP is bound by the cube, not by bandwidth
         entry["roofline_ratio"] = entry["cycles"] / max(floor_cycles, entry.get("compute_floor_cycles", 0))
     klass = "decode" if entry["params"]["rows"] <= 16 else "prefill"
+    if entry["op"] == "residual_rms_norm" and entry["params"]["rows"] > 1:
+        klass = "decode, more than 1 row"  # its target is for 1 row
     target = TARGETS.get((klass, entry["op"]))
     if target and entry["status"] == "ok":
         what, limit = target
@@ -285,6 +440,14 @@ def _label(entry: dict) -> str:
         return f"rms_norm {p['rows']}x{p['width']}"
     if entry["op"] == "mrope":
         return f"mrope {p['rows']} rows 16+2 heads x128"
+    if entry["op"] == "residual_rms_norm":
+        return f"residual_rms_norm {p['rows']}x{p['width']}"
+    if entry["op"] == "linear":
+        return f"linear {p['rows']} tok {p['in']}-{p['out']}"
+    if entry["op"] in ("mlp_block", "attention_prologue"):
+        return f"{entry['op']} {p['rows']} tok"
+    if entry["op"].startswith("decoder_layer/"):
+        return f"{entry['op']} {p['rows']} tok ({entry.get('kernels', '?')} k)"
     return f"swiglu_mlp {p['rows']} tok 2048-11008"
 
 
@@ -326,7 +489,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write results here")
     parser.add_argument("--quick", action="store_true", help="one decode shape per op (a smoke run)")
-    parser.add_argument("--only", choices=["rms_norm", "mrope", "swiglu_mlp"], help="one op only")
+    parser.add_argument(
+        "--only", choices=["rms_norm", "mrope", "swiglu_mlp", *BLOCKS, "linear"], help="one op only"
+    )
+    parser.add_argument(
+        "--blocks",
+        action="store_true",
+        help="the decoder-layer blocks and the per-op / fused decoder-layer rows, at decode",
+    )
     parser.add_argument("--timeout", type=int, default=SIM_TIMEOUT_S, help="seconds per kernel")
     parser.add_argument("--rows", help="only these row counts, comma-separated (e.g. 1,4,8,16)")
     parser.add_argument("--sim-child", help=argparse.SUPPRESS)
@@ -334,7 +504,7 @@ def main() -> None:
     if args.sim_child:
         _sim_child(args.sim_child)
         return
-    kernels = QUICK if args.quick else shapes()
+    kernels = QUICK if args.quick else block_shapes() if args.blocks else shapes()
     if args.only:
         kernels = [k for k in kernels if k[0] == args.only]
     if args.rows:
@@ -342,6 +512,8 @@ def main() -> None:
         kernels = [k for k in kernels if k[1]["rows"] in wanted]
     entries = sim_entries(kernels, args.timeout)
     soc = soc_config() if importlib.util.find_spec("pypto") else None
+    if soc and args.blocks:
+        entries += layer_entries(entries, soc)
     if soc:
         print_table(entries, soc)
     if args.json:

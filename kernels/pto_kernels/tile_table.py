@@ -33,6 +33,16 @@ class TileConfig:
     down_split_k: bool = False  # down matmul: split K over cores, accumulating in global memory
     act_cols: int = 512  # SwiGLU activation vec tile: (act_rows, act_cols)
     act_rows: int | None = None  # None: row_tile (a 64-row fp32 activation tile overflows the UB)
+    # decoder-layer blocks: rows per vec tile of their RMSNorm (the reduction axis, hidden, stays whole);
+    # None: row_tile
+    norm_rows: int | None = None
+    # decoder-layer blocks: their RMSNorm's vec tiles in one task (pypto's sg_set_scope) rather than a task
+    # each: at decode, fewer tasks and no waits between them; at prefill, one task would run them in series
+    norm_one_task: bool = True
+    # decoder-layer blocks: cube tiles of the o_proj (mlp_block) or q/k/v (attention_prologue) matmuls;
+    # None: cube_k / cube_n
+    proj_cube_k: tuple[int, int] | None = None
+    proj_cube_n: tuple[int, int] | None = None
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
@@ -88,6 +98,60 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 }
 
 
+# The decoder-layer blocks (residual_rms_norm, mlp_block, attention_prologue), same keys. Kept apart from
+# TILE_TABLE, whose every entry the per-op interpreter tests run: these are run by
+# tests/kernels/test_kernels_pypto_blocks.py. Widths are the hidden size.
+BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
+    ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
+    ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8, norm_one_task=False),
+    # 1 token: 222,652 cycles (1.19x its floor). cube_k (256, 1024) halves the L1 steps a tile takes
+    # (the SwiGLU kernel alone at these tiles: 171,700 vs 225,489 at the swiglu_mlp entry's). The o_proj is
+    # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
+    # tasks of 14,386 unmerged). Before the o_proj output went through scratch: norm_rows 4 233,512, 8
+    # 227,812
+    ("mlp_block", "decode", None): TileConfig(
+        row_tile=16,
+        norm_rows=8,
+        cube_k=(256, 1024),
+        cube_n=(128, 256),
+        down_cube_k=(256, 1024),
+        down_cube_n=(128, 128),
+        proj_cube_k=(256, 1024),
+        proj_cube_n=(128, 128),
+        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
+    ),
+    # prefill entries: the shapes of the swiglu_mlp prefill entry, not searched further. 128 tokens:
+    # 385,013 cycles (2.04x; the SwiGLU kernel alone: 309,716); the norm as one task: 505,060
+    ("mlp_block", "prefill", None): TileConfig(
+        row_tile=128,
+        cube_m=128,
+        norm_rows=4,
+        norm_one_task=False,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        act_rows=16,
+        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
+    ),
+    ("attention_prologue", "decode", None): TileConfig(
+        row_tile=16, norm_rows=8, cube_k=(256, 1024), cube_n=(128, 128)
+    ),
+    ("attention_prologue", "prefill", None): TileConfig(
+        row_tile=128,
+        cube_m=128,
+        norm_rows=4,
+        norm_one_task=False,
+        cube_k=(128, 512),
+        cube_n=(128, 256),
+        act_rows=16,
+        pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+    # a plain projection (pypto_kernels._build_linear): the cost model's per-op decoder layer only. 1 token,
+    # 2048 -> 2048: 17,867 cycles (16 tasks); with the swiglu entry's (128, 512) tiles and L1 reuse 8:
+    # 96,992 (2 tasks); 64-column tiles: 25,519 (32 tasks, 2 waves). 2048 -> 256: 14,586
+    ("linear", "decode", None): TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 128)),
+}
+
+
 def shape_class(rows: int) -> str:
     return "decode" if rows <= DECODE_MAX_ROWS else "prefill"
 
@@ -95,5 +159,6 @@ def shape_class(rows: int) -> str:
 def tile_config(op: str, rows: int, width: int) -> tuple[str, TileConfig]:
     """The shape class of a call with `rows` rows and its TileConfig (a width-specific entry wins)."""
     klass = shape_class(rows)
-    config = TILE_TABLE.get((op, klass, width)) or TILE_TABLE[(op, klass, None)]
+    table = BLOCK_TILE_TABLE if (op, klass, None) in BLOCK_TILE_TABLE else TILE_TABLE
+    config = table.get((op, klass, width)) or table[(op, klass, None)]
     return klass, config

@@ -1,0 +1,145 @@
+"""Run the PyPTO decoder-layer block kernels on the CPU verify interpreter; save their inputs and outputs.
+
+Invoked by test_kernels_pypto_blocks.py in a subprocess (a g++ failure inside pypto exits the process).
+Usage: python pypto_blocks_runner.py OUT.pt
+
+Every case calls pypto_kernels' entry directly (no dispatch, so no torch fallback can stand in for a
+kernel) on NaN-poisoned outputs. A `sabotaged` case runs the kernel on deliberately wrong inputs (a wrong
+weight, gate and up swapped, sections or tables swapped); the test compares its output with the reference
+of the right inputs and expects the comparison to fail.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
+
+import torch  # noqa: E402
+from pto_kernels import pypto_kernels  # noqa: E402
+from pto_kernels.tile_table import tile_config  # noqa: E402
+
+HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
+# head_dim / 2 must fill whole 32-byte blocks: 16 fp32 or 32 bf16 values a head
+HEADS = {"float32": (16, [2, 3, 3]), "bfloat16": (32, [4, 6, 6])}
+# (batch, seq): decode (1 row), a few rows (6), prefill (19 rows: the prefill tiling, a partial tile)
+SHAPES = {"decode": (1, 1), "rows6": (2, 3), "prefill": (1, 19)}
+CASES = [(dtype, shape) for dtype in ("bfloat16", "float32") for shape in ("decode", "rows6")]
+CASES.append(("bfloat16", "prefill"))
+
+
+def _randn(gen, *shape, dtype, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + offset).to(dtype)
+
+
+def make_inputs(dtype_name: str, shape_name: str, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, dtype_name)
+    batch, seq = SHAPES[shape_name]
+    head_dim, section = HEADS[dtype_name]
+    q_width, kv_width = Q_HEADS * head_dim, K_HEADS * head_dim
+
+    def linear(out_features, in_features):
+        return _randn(gen, out_features, in_features, dtype=dtype, scale=in_features**-0.5)
+
+    positions = torch.randint(0, 4096, (3, batch, seq), generator=gen).double()
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = positions[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return {
+        "hidden_states": _randn(gen, batch, seq, HIDDEN, dtype=dtype, scale=2.0, offset=0.3),
+        "residual": _randn(gen, batch, seq, HIDDEN, dtype=dtype, scale=3.0),
+        "attn_output": _randn(gen, batch, seq, q_width, dtype=dtype),
+        "norm_weight": _randn(gen, HIDDEN, dtype=dtype, scale=0.2, offset=1.0),
+        "o_weight": linear(HIDDEN, q_width),
+        "gate_weight": linear(INTER, HIDDEN),
+        "up_weight": linear(INTER, HIDDEN),
+        "down_weight": linear(HIDDEN, INTER),
+        "q_weight": linear(q_width, HIDDEN),
+        "k_weight": linear(kv_width, HIDDEN),
+        "v_weight": linear(kv_width, HIDDEN),
+        "q_bias": _randn(gen, q_width, dtype=dtype, scale=0.5),
+        "k_bias": _randn(gen, kv_width, dtype=dtype, scale=0.5),
+        "v_bias": _randn(gen, kv_width, dtype=dtype, scale=0.5),
+        "cos": angles.cos().to(dtype),  # [3, b, s, d]: temporal, height, width streams
+        "sin": angles.sin().to(dtype),
+        "section": section,
+        "head_dim": head_dim,
+    }
+
+
+def mixed(table: torch.Tensor, section: list[int]) -> torch.Tensor:
+    """[3, b, s, d] -> [b, s, d]: chunk i of section*2 from stream i % 3 (written here, not imported)."""
+    chunks = table.split(list(section) * 2, dim=-1)
+    return torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)
+
+
+def call(entry: str, i: dict, sabotage: bool = False):
+    if entry == "residual_rms_norm":
+        weight = i["norm_weight"].flip(0) if sabotage else i["norm_weight"]
+        return pypto_kernels.residual_rms_norm(i["hidden_states"], i["residual"], weight, EPS)
+    if entry == "mlp_block":
+        gate, up = (i["up_weight"], i["gate_weight"]) if sabotage else (i["gate_weight"], i["up_weight"])
+        return pypto_kernels.mlp_block(
+            i["residual"], i["attn_output"], i["o_weight"], None, i["norm_weight"], EPS,
+            gate, None, up, None, i["down_weight"], None,
+        )  # fmt: skip
+    projections = (i["q_weight"], i["q_bias"], i["k_weight"], i["k_bias"], i["v_weight"], i["v_bias"])
+    if entry == "attention_prologue":
+        section = i["section"][::-1] if sabotage else i["section"]
+        return pypto_kernels.attention_prologue(
+            i["hidden_states"],
+            i["norm_weight"],
+            EPS,
+            *projections,
+            i["cos"],
+            i["sin"],
+            section,
+            i["head_dim"],
+        )
+    cos, sin = mixed(i["cos"], i["section"]), mixed(i["sin"], i["section"])
+    if sabotage:
+        cos, sin = sin, cos
+    if entry == "attention_prologue_bias_free":
+        projections = (i["q_weight"], None, i["k_weight"], None, i["v_weight"], None)
+    return pypto_kernels.attention_prologue_mixed(
+        i["hidden_states"], i["norm_weight"], EPS, *projections, cos, sin, i["head_dim"]
+    )
+
+
+ENTRIES = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_prologue_mixed")
+
+
+def main(out_path: str) -> None:
+    pypto_kernels.POISON_OUTPUTS = True
+    results, seconds = {}, {}
+    with torch.no_grad():
+        for seed, (dtype, shape) in enumerate(CASES, start=301):
+            inputs = make_inputs(dtype, shape, seed)
+            for entry in ENTRIES:
+                start = time.perf_counter()
+                results[f"{entry}/{dtype}-{shape}"] = {"inputs": inputs, "output": call(entry, inputs)}
+                seconds[f"{entry}/{dtype}-{shape}"] = time.perf_counter() - start
+        inputs = make_inputs("float32", "rows6", 399)
+        results["attention_prologue_bias_free/float32-rows6"] = {
+            "inputs": inputs,
+            "output": call("attention_prologue_bias_free", inputs),
+        }
+        inputs = make_inputs("bfloat16", "rows6", 400)
+        for entry in ENTRIES:
+            results[f"sabotaged/{entry}"] = {"inputs": inputs, "output": call(entry, inputs, sabotage=True)}
+        # the cost model's per-op stand-in for a projection: checked too, so its numbers are of a right kernel
+        inputs = make_inputs("bfloat16", "rows6", 401)
+        x, weight = inputs["hidden_states"].reshape(-1, HIDDEN), inputs["q_weight"]
+        config = tile_config("linear", x.shape[0], HIDDEN)[1]
+        kernel = pypto_kernels._build_linear(x.shape[0], HIDDEN, weight.shape[0], x.dtype, config, "cpu")
+        out = torch.full((x.shape[0], weight.shape[0]), float("nan"), dtype=x.dtype)
+        with pypto_kernels._quiet_stdout("cpu"):
+            kernel(x, weight, out)
+        results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
+    stats = pypto_kernels.kernel_stats()
+    torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

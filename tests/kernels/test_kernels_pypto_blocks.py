@@ -1,0 +1,167 @@
+"""The PyPTO decoder-layer block kernels, run on the CPU through PyPTO's verify interpreter, against float64
+references written here (not imported from pto_kernels).
+
+One subprocess (pypto_blocks_runner.py) runs every case; pypto exits the process on a g++ failure. Small
+widths: hidden 64, intermediate 128, 4 q / 2 kv heads (head_dim 16 in fp32, 32 in bf16: head_dim / 2
+fills whole 32-byte blocks), in bf16 and fp32, at 1 row, 6 rows (batch 2) and 19 rows (the prefill tiling).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import golden_cases as gc
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.pypto,
+    pytest.mark.skipif(importlib.util.find_spec("pypto") is None, reason="pypto not installed (extra `pto`)"),
+]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pypto_blocks_runner as runner  # noqa: E402
+
+RUNNER = Path(runner.__file__)
+CASE_IDS = [f"{dtype}-{shape}" for dtype, shape in runner.CASES]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pypto_blocks")
+    env = dict(os.environ, TILE_FWK_OUTPUT_DIR=str(tmp / "traces"))
+    env.pop("ASCEND_HOME_PATH", None)  # CANN absent: pypto must stay in SIM mode
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(tmp / "out.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    out = torch.load(tmp / "out.pt", weights_only=False)
+    print("pypto interpreter seconds per case:", {k: round(v, 1) for k, v in out["seconds"].items()})
+    return out
+
+
+# --- float64 references ------------------------------------------------------------------------------
+
+
+def _f64(i: dict, *names):
+    return [i[n].double() for n in names]
+
+
+def _norm64(h, weight, eps=runner.EPS):
+    return weight * h / torch.sqrt((h * h).mean(dim=-1, keepdim=True) + eps)
+
+
+def residual_rms_norm_expected(i):
+    x, res, w = _f64(i, "hidden_states", "residual", "norm_weight")
+    summed = res + x
+    return _norm64(summed, w), summed
+
+
+def mlp_block_expected(i):
+    res, attn, o_w, w, gate_w, up_w, down_w = _f64(
+        i, "residual", "attn_output", "o_weight", "norm_weight", "gate_weight", "up_weight", "down_weight"
+    )
+    h = res + attn @ o_w.T
+    n = _norm64(h, w)
+    gate, up = n @ gate_w.T, n @ up_w.T
+    return h + (gate / (1 + torch.exp(-gate)) * up) @ down_w.T
+
+
+def prologue_expected(i, biases=True):
+    x, w = _f64(i, "hidden_states", "norm_weight")
+    batch, seq, _ = x.shape
+    d = i["head_dim"]
+    n = _norm64(x, w)
+    heads = []
+    for name in "qkv":
+        y = n @ i[f"{name}_weight"].double().T
+        if biases:
+            y = y + i[f"{name}_bias"].double()
+        heads.append(y.reshape(batch, seq, -1, d).transpose(1, 2))
+    cos_m, sin_m = gc.mix_tables(i["cos"], i["section"]), gc.mix_tables(i["sin"], i["section"])
+    q, k, v = heads
+    return gc.rotary_expected(q, cos_m, sin_m), gc.rotary_expected(k, cos_m, sin_m), v
+
+
+EXPECTED = {
+    "residual_rms_norm": residual_rms_norm_expected,
+    "mlp_block": lambda i: (mlp_block_expected(i),),
+    "attention_prologue": prologue_expected,
+    "attention_prologue_mixed": prologue_expected,
+}
+
+
+def _check(entry: str, inputs: dict, output) -> list:
+    output = output if isinstance(output, tuple) else (output,)
+    expected = EXPECTED[entry](inputs)
+    dtype = inputs["hidden_states"].dtype
+    assert len(output) == len(expected), entry
+    for n, (got, want) in enumerate(zip(output, expected, strict=True)):
+        assert got.dtype == dtype, (entry, n, got.dtype)
+        gc.check_close(got, want, dtype, f"{entry} output {n}")
+    return expected
+
+
+# --- the cases ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", runner.ENTRIES)
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_block_matches_float64(entry, case, results):
+    result = results["results"][f"{entry}/{case}"]
+    _check(entry, result["inputs"], result["output"])
+
+
+def test_attention_prologue_without_biases(results):
+    result = results["results"]["attention_prologue_bias_free/float32-rows6"]
+    q, k, v = result["output"]
+    for got, want, what in zip(
+        (q, k, v), prologue_expected(result["inputs"], biases=False), "qkv", strict=True
+    ):
+        gc.check_close(got, want, torch.float32, what)
+
+
+def test_the_cost_models_plain_linear_kernel(results):
+    result = results["results"]["linear/bfloat16-rows6"]
+    x, weight = result["inputs"]["x"], result["inputs"]["weight"]
+    gc.check_close(result["output"], x.double() @ weight.double().T, torch.bfloat16, "linear")
+
+
+@pytest.mark.parametrize("entry", runner.ENTRIES)
+def test_a_sabotaged_call_fails_the_check(entry, results):
+    """A wrong weight, gate and up swapped, sections reversed, cos and sin swapped: the same check fails."""
+    result = results["results"][f"sabotaged/{entry}"]
+    with pytest.raises(AssertionError, match="relative error"):
+        _check(entry, result["inputs"], result["output"])
+
+
+def test_one_kernel_per_entry_dtype_and_shape_class(results):
+    """The row axis is dynamic: 1 and 6 rows share the decode kernel; 19 rows build the prefill one."""
+    stats = results["stats"]
+    for op in ("residual_rms_norm", "mlp_block", "attention_prologue"):
+        # bf16 decode, fp32 decode, bf16 prefill (the sabotaged bf16 calls hit the decode kernel)
+        assert stats[op]["built"] == 3, (op, stats[op])
+        assert stats[op]["cache_hits"] >= 2, (op, stats[op])
+
+
+def test_norm_folded_weights_are_made_once_and_again_after_a_change():
+    from pto_kernels import pypto_kernels
+
+    folded = pypto_kernels._NormFolded()
+    weight, norm = torch.randn(8, 4), torch.rand(4) + 0.5
+    first = folded.get(weight, norm, torch.float32)
+    torch.testing.assert_close(first, weight * norm)
+    assert folded.get(weight, norm, torch.float32) is first and folded.builds == 1
+    with torch.no_grad():
+        norm.mul_(2.0)  # an in-place change bumps the version counter
+    torch.testing.assert_close(folded.get(weight, norm, torch.float32), weight * norm)
+    assert folded.builds == 2
+    del weight, first
+    assert not folded._by_id  # the copy goes with its weight
