@@ -220,4 +220,8 @@ def test_a_decoder_layer_block_in_the_environment_is_refused(text):
 
 
 def test_all_means_the_ops_vllm_can_run():
-    assert vllm_plugin.plugin_settings({vllm_plugin.OPS_ENV: "all"}).ops == ("rms_norm", "mrope", "swiglu_mlp")
+    assert vllm_plugin.plugin_settings({vllm_plugin.OPS_ENV: "all"}).ops == (
+        "rms_norm",
+        "mrope",
+        "swiglu_mlp",
+    )
