@@ -25,6 +25,7 @@ from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
 from pto_patch.fileio import sha256_file
 from pto_patch.manifest import Manifest
 from pto_patch.run.options import RunOptions
+from pto_patch.spec import OPS as SPEC_OPS
 from pto_patch.tiny_model import make_tiny
 from pto_patch.tune import TuneOptions, backends_to_try, check_tune_options
 from pto_patch.tuning_file import (
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
-OPS = ["rms_norm", "mrope", "swiglu_mlp"]
+OPS = list(SPEC_OPS)  # what a default apply patches in
 QUICK = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--iters", "15", "--json"]
 
 AFTER_LOAD = """
@@ -211,7 +212,7 @@ def test_write_records_the_tuning_in_the_manifest(patched_copy: Path):
         ({"device": {"kind": "cpu", "name": "Another CPU"}}, "float32", tuple(OPS), "Another CPU"),
         ({"versions": {"torch": "1.0.0"}}, "float32", tuple(OPS), "torch 1.0.0"),
         ({}, "bfloat16", tuple(OPS), "measured in float32"),
-        ({}, "float32", ("swiglu_mlp",), "with ops rms_norm,mrope,swiglu_mlp"),
+        ({}, "float32", ("swiglu_mlp",), f"with ops {','.join(OPS)}"),
     ],
     ids=["other-device", "other-torch", "other-dtype", "other-ops"],
 )
