@@ -137,8 +137,53 @@ def main(out_path: str) -> None:
         with pypto_kernels._quiet_stdout("cpu"):
             kernel(x, weight, out)
         results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
+        results |= dispatched(make_inputs("float32", "rows6", 402))
     stats = pypto_kernels.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
+
+
+def _linear(weight, bias=None):
+    module = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
+    module.weight.data, module.bias = weight, None if bias is None else torch.nn.Parameter(bias)
+    return module
+
+
+def dispatched(i: dict) -> dict:
+    """The blocks through the package's wrappers with backend "pypto", strict: what a patched decoder layer
+    calls. Also records which backend served each op (a torch fallback would raise, not stand in)."""
+    import os
+
+    import pto_kernels
+
+    os.environ["PTO_KERNELS_STRICT"] = "1"
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.nn.Parameter(i["norm_weight"]), EPS
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = _linear(i["gate_weight"]), _linear(i["up_weight"])
+    mlp.down_proj, mlp.act_fn = _linear(i["down_weight"]), torch.nn.SiLU()
+    attention = torch.nn.Module()
+    attention.q_proj, attention.k_proj = (
+        _linear(i["q_weight"], i["q_bias"]),
+        _linear(i["k_weight"], i["k_bias"]),
+    )
+    attention.v_proj, attention.head_dim = _linear(i["v_weight"], i["v_bias"]), i["head_dim"]
+    with pto_kernels.enabled(("residual_rms_norm", "mlp_block", "attention_prologue"), backend="pypto"):
+        outputs = {
+            "residual_rms_norm": pto_kernels.residual_rms_norm_wrapper(
+                i["hidden_states"], i["residual"], norm
+            ),
+            "mlp_block": pto_kernels.mlp_block_wrapper(
+                i["residual"], i["attn_output"], _linear(i["o_weight"]), norm, mlp
+            ),
+            "attention_prologue": pto_kernels.attention_prologue_wrapper(
+                attention, norm, i["hidden_states"], i["cos"], i["sin"], i["section"]
+            ),
+        }
+        backends = {op: pto_kernels.stats()[op]["backends"] for op in outputs}
+    return {
+        f"dispatched/{op}": {"inputs": i, "output": out, "backends": backends[op]}
+        for op, out in outputs.items()
+    }
 
 
 if __name__ == "__main__":

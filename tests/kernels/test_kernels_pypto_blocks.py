@@ -165,3 +165,11 @@ def test_norm_folded_weights_are_made_once_and_again_after_a_change():
     assert folded.builds == 2
     del weight, first
     assert not folded._by_id  # the copy goes with its weight
+
+
+@pytest.mark.parametrize("entry", ["residual_rms_norm", "mlp_block", "attention_prologue"])
+def test_the_wrappers_route_the_blocks_to_the_pypto_kernels(entry, results):
+    """enable(backend="pypto") and a patched layer's call: served by pypto (strict: no fallback)."""
+    result = results["results"][f"dispatched/{entry}"]
+    assert result["backends"] == {"pypto": 1}, result["backends"]
+    _check(entry, result["inputs"], result["output"])
