@@ -191,20 +191,11 @@ def mlp_block(
     return mlp.add_(summed)
 
 
-def attention_prologue(
-    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin,
-    mrope_section, head_dim,
-):  # fmt: skip
-    normed = rms_norm(hidden_states, norm_weight, eps)
-    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
-    q, k = mrope(q, k, cos, sin, mrope_section, 1)
-    return q, k, v
+def attention_prologue(*args):
+    """reference.attention_prologue's arguments; this backend's RMSNorm and MRoPE."""
+    return reference.prologue_with(rms_norm, mrope, args)
 
 
-def attention_prologue_mixed(
-    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin, head_dim
-):
-    normed = rms_norm(hidden_states, norm_weight, eps)
-    q, k, v = reference.project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
-    q, k = mrope_mixed(q, k, cos, sin, 1)
-    return q, k, v
+def attention_prologue_mixed(*args):
+    """reference.attention_prologue_mixed's arguments; this backend's RMSNorm and MRoPE."""
+    return reference.prologue_with(rms_norm, mrope_mixed, args)

@@ -182,10 +182,10 @@ def attention_prologue(
     """Everything a decoder layer does before the attention core (transformers <= 5.16's sectioned MRoPE):
     the input RMSNorm of hidden_states [b, s, hidden], the q/k/v projections with their biases, and MRoPE on
     q and k with cos/sin [3, b, s, head_dim]. Returns q, k, v as [b, heads, s, head_dim]."""
-    normed = rms_norm(hidden_states, norm_weight, eps)
-    q, k, v = project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
-    q, k = mrope(q, k, cos, sin, mrope_section, 1)
-    return q, k, v
+    projections = (q_weight, q_bias, k_weight, k_bias, v_weight, v_bias)
+    return prologue_with(
+        rms_norm, mrope, (hidden_states, norm_weight, eps, *projections, cos, sin, mrope_section, head_dim)
+    )
 
 
 def attention_prologue_mixed(
@@ -203,7 +203,16 @@ def attention_prologue_mixed(
     head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """attention_prologue for transformers 5.20+, whose cos/sin arrive section-mixed as [b, s, head_dim]."""
-    normed = rms_norm(hidden_states, norm_weight, eps)
-    q, k, v = project_heads(normed, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, head_dim)
-    q, k = mrope_mixed(q, k, cos, sin, 1)
+    projections = (q_weight, q_bias, k_weight, k_bias, v_weight, v_bias)
+    return prologue_with(
+        rms_norm, mrope_mixed, (hidden_states, norm_weight, eps, *projections, cos, sin, head_dim)
+    )
+
+
+def prologue_with(norm, rotary, args: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention prologue from a backend's own RMSNorm and rotary entries, on attention_prologue's
+    arguments (with mrope_section) or attention_prologue_mixed's (without)."""
+    hidden_states, norm_weight, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, *section, head_dim = args
+    q, k, v = project_heads(norm(hidden_states, norm_weight, eps), q_w, q_b, k_w, k_b, v_w, v_b, head_dim)
+    q, k = rotary(q, k, cos, sin, *section, 1)
     return q, k, v

@@ -352,3 +352,24 @@ def pops_kwarg(statements: Sequence[cst.BaseStatement], key: str) -> bool:
     """Whether a `... = kwargs.pop("<key>", ...)` line is already there."""
     code = cst.Module(body=list(statements)).code
     return f'.pop("{key}"' in code
+
+
+def layer_to_patch(module: cst.Module, ctx, file_name: str, op: str):
+    """(injection, where, layer) for block `op`, or None when the layer's forward already has its guard."""
+    from pto_patch.codemods.guards import has_guard
+
+    injection = ctx.spec.injections[op]
+    where = ctx.where(file_name)
+    layer = find_decoder_layer(module, injection.classes, where, op)
+    return None if has_guard(layer.forward, injection.switch) else (injection, where, layer)
+
+
+def with_layer_body(
+    module: cst.Module,
+    layer: DecoderLayer,
+    statements: list[cst.BaseStatement],
+    guard: Sequence[cst.BaseStatement],
+) -> cst.Module:
+    """`module` with the layer's forward holding `statements`, `guard` first (after the docstring)."""
+    forward = with_body(layer.forward, insert_after_docstring(statements, guard))
+    return replace_method(module, layer.class_name, forward)

@@ -53,7 +53,7 @@ import libcst as cst
 
 from pto_patch.codemods import decoder_layer as dl
 from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import has_guard, with_import_sys
+from pto_patch.codemods.guards import with_import_sys
 from pto_patch.codemods.injection_templates import template_piece
 from pto_patch.errors import AnchorNotFoundError
 
@@ -63,11 +63,10 @@ TEMPLATE = "decoder_blocks"
 
 class InjectAttentionPrologue:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
-        injection = ctx.spec.injections[OP]
-        where = ctx.where(file_name)
-        layer = dl.find_decoder_layer(module, injection.classes, where, OP)
-        if has_guard(layer.forward, injection.switch):
+        found = dl.layer_to_patch(module, ctx, file_name, OP)
+        if found is None:
             return module
+        injection, where, layer = found
         if layer.input_norm is None:
             raise AnchorNotFoundError(
                 f"{layer.class_name}.forward in {where} has no `{layer.hidden} = self.<norm>({layer.hidden})` "
@@ -85,8 +84,7 @@ class InjectAttentionPrologue:
         guard = template_piece(
             TEMPLATE, "prologue_guard", {"KWARGS": kwargs, "INPUT_NORM": norm}, switch=injection.switch
         )
-        forward = dl.with_body(layer.forward, dl.insert_after_docstring(statements, guard))
-        module = dl.replace_method(module, layer.class_name, forward)
+        module = dl.with_layer_body(module, layer, statements, guard)
 
         attention = dl.body_statements(prologue.forward)
         wrapped = attention[prologue.first_projection : prologue.rotary + 1]

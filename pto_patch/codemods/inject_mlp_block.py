@@ -38,7 +38,7 @@ import libcst as cst
 
 from pto_patch.codemods import decoder_layer as dl
 from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import has_guard, with_import_sys
+from pto_patch.codemods.guards import with_import_sys
 from pto_patch.codemods.injection_templates import template_piece
 from pto_patch.errors import AnchorNotFoundError
 
@@ -48,11 +48,10 @@ TEMPLATE = "decoder_blocks"
 
 class InjectMlpBlock:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
-        injection = ctx.spec.injections[OP]
-        where = ctx.where(file_name)
-        layer = dl.find_decoder_layer(module, injection.classes, where, OP)
-        if has_guard(layer.forward, injection.switch):
+        found = dl.layer_to_patch(module, ctx, file_name, OP)
+        if found is None:
             return module
+        injection, where, layer = found
         if layer.post_run is None:
             raise AnchorNotFoundError(
                 f"{layer.class_name}.forward in {where} has no residual add, norm, MLP, residual add in a row "
@@ -73,8 +72,7 @@ class InjectMlpBlock:
         run = slice(layer.post_run, layer.post_run + 5)
         statements[run] = template_piece(TEMPLATE, "mlp_block_run", names, {"ORIGINAL": statements[run]})
         guard = template_piece(TEMPLATE, "mlp_block_guard", {"KWARGS": kwargs}, switch=injection.switch)
-        layer_forward = dl.with_body(layer.forward, dl.insert_after_docstring(statements, guard))
-        module = dl.replace_method(module, layer.class_name, layer_forward)
+        module = dl.with_layer_body(module, layer, statements, guard)
 
         attention = dl.body_statements(forward)
         attention[o_proj : o_proj + 1] = template_piece(

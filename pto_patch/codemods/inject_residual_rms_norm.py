@@ -30,7 +30,7 @@ import libcst as cst
 
 from pto_patch.codemods import decoder_layer as dl
 from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import has_guard, with_import_sys
+from pto_patch.codemods.guards import with_import_sys
 from pto_patch.codemods.injection_templates import template_piece
 from pto_patch.errors import AnchorNotFoundError
 
@@ -67,11 +67,10 @@ def _wrap_first_add_norm(statements: Sequence[cst.BaseStatement], layer: dl.Deco
 
 class InjectResidualRmsNorm:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
-        injection = ctx.spec.injections[OP]
-        where = ctx.where(file_name)
-        layer = dl.find_decoder_layer(module, injection.classes, where, OP)
-        if has_guard(layer.forward, injection.switch):
+        found = dl.layer_to_patch(module, ctx, file_name, OP)
+        if found is None:
             return module
+        injection, where, layer = found
         statements, done = _wrap_first_add_norm(dl.body_statements(layer.forward), layer)
         if not done:
             raise AnchorNotFoundError(
@@ -80,5 +79,4 @@ class InjectResidualRmsNorm:
                 "this release changed the decoder layer; the residual_rms_norm injection cannot place its block",
             )
         guard = template_piece(TEMPLATE, "residual_guard", {}, switch=injection.switch)
-        forward = dl.with_body(layer.forward, dl.insert_after_docstring(statements, guard))
-        return with_import_sys(dl.replace_method(module, layer.class_name, forward))
+        return with_import_sys(dl.with_layer_body(module, layer, statements, guard))
