@@ -14,9 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from pto_patch import __version__
-from pto_patch.cli_values import PlainValuesGroup
-from pto_patch.console import print_json, report_error
-from pto_patch.lazy_commands import lazy_app
+from pto_patch.cli.console import print_json, report_error, warn
+from pto_patch.cli.lazy_commands import lazy_app
+from pto_patch.cli.values import PlainValuesGroup
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions
@@ -99,7 +99,8 @@ def apply(
     as_json: JsonOpt = False,
 ) -> None:
     """Rewrite the model folder's code so the chosen ops dispatch to pto_kernels."""
-    from pto_patch import engine, render
+    from pto_patch.cli import render
+    from pto_patch.patching import engine
 
     result = engine.apply_patch(
         model=model,
@@ -108,6 +109,7 @@ def apply(
         dry_run=dry_run,
         overlay=overlay,
         use_cache=not no_cache,
+        warn=warn,
     )
     render.show(result, as_json=as_json)
 
@@ -122,8 +124,8 @@ def restore(
     as_json: JsonOpt = False,
 ) -> None:
     """Put every byte of the model folder back as it was before apply."""
-    from pto_patch import render
-    from pto_patch.restore import restore_model
+    from pto_patch.cli import render
+    from pto_patch.patching.restore import restore_model
 
     result = restore_model(model=model, model_path=model_path, force=force)
     render.show(result, as_json=as_json)
@@ -136,8 +138,8 @@ def status(
     as_json: JsonOpt = False,
 ) -> None:
     """Show whether the folder is patched, which ops, and which files drifted."""
-    from pto_patch import render
-    from pto_patch.folder_status import model_status
+    from pto_patch.cli import render
+    from pto_patch.patching.folder_status import model_status
 
     result = model_status(model=model, model_path=model_path)
     render.show(result, as_json=as_json)
@@ -170,7 +172,8 @@ def make_tiny(
 
     The MRoPE section is scaled with --hidden-size / --heads (vLLM's CPU attention needs head_dim >= 32:
     --hidden-size 256 --heads 4 --kv-heads 2)."""
-    from pto_patch import render, tiny_model
+    from pto_patch.cli import render
+    from pto_patch.hub import tiny_model
 
     result = tiny_model.make_tiny(
         directory,
@@ -195,8 +198,8 @@ def models(
     as_json: JsonOpt = False,
 ) -> None:
     """List the model specs: hub repo, folder variable, widths, and where each value comes from."""
-    from pto_patch import render
-    from pto_patch.model_catalog import list_models
+    from pto_patch.cli import render
+    from pto_patch.model.catalog import list_models
 
     render.show(list_models(model), as_json=as_json)
 
@@ -231,8 +234,8 @@ def download(
     as_json: JsonOpt = False,
 ) -> None:
     """Fetch the model from the Hugging Face hub (resumable) and check the folder is complete."""
-    from pto_patch import download as download_engine
-    from pto_patch import render
+    from pto_patch.cli import render
+    from pto_patch.hub import download as download_engine
 
     result = download_engine.download_model(
         model=model,
@@ -368,9 +371,9 @@ def verify(
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import render
-    from pto_patch.verify import VerifyOptions, run_verify
-    from pto_patch.vllm_verify import check_engine, run_vllm_verify
+    from pto_patch.cli import render
+    from pto_patch.run.verify import VerifyOptions, run_verify
+    from pto_patch.serving.vllm_verify import check_engine, run_vllm_verify
 
     check_engine(parameters.pop("engine"), multiprocessing)
     if engine == "vllm":
@@ -413,8 +416,8 @@ def bench(
 ) -> None:
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import render
-    from pto_patch.bench import BenchOptions, run_bench
+    from pto_patch.cli import render
+    from pto_patch.run.bench import BenchOptions, run_bench
 
     result = run_bench(_options(BenchOptions, parameters))
     render.show(result, as_json=as_json)
@@ -430,8 +433,8 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """Offline, in under a minute: make-tiny, apply, status, verify --use_pto on an image, restore."""
-    from pto_patch import render
-    from pto_patch.demo import run_demo
+    from pto_patch.cli import render
+    from pto_patch.run.demo import run_demo
 
     result = run_demo(
         directory,
@@ -483,8 +486,8 @@ def tune(
 ) -> None:
     """Measure which ops make the model faster on this device, per batch size; write .pto_patch/tuning.json."""
     parameters = dict(locals())  # first, so it holds the parameters only
-    from pto_patch import render, tune_render
-    from pto_patch.tune import TuneOptions, run_tune
+    from pto_patch.cli import render, tune_render
+    from pto_patch.tune.tuning import TuneOptions, run_tune
 
     options = _options(TuneOptions, parameters)
     with tune_render.progress(options.budget_s) as on_run:
@@ -518,7 +521,7 @@ def skill_install(
     as_json: JsonOpt = False,
 ) -> None:
     """Copy the skill folder where agents look for skills; an identical copy is left alone."""
-    from pto_patch import render, skill
+    from pto_patch.cli import render, skill
 
     result = skill.install_skill(directory, force=force)
     render.show(result, as_json=as_json)
@@ -527,7 +530,7 @@ def skill_install(
 @skill_app.command("show")
 def skill_show() -> None:
     """Print the bundled SKILL.md."""
-    from pto_patch import skill
+    from pto_patch.cli import skill
 
     sys.stdout.write(skill.show_skill())
 

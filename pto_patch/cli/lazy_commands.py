@@ -1,7 +1,7 @@
 """The CLI's commands, built as a call needs them: typer builds every command's options on each call
 (about a quarter of a `pto-patch --help`), and a call runs at most one.
 
-`pto_patch.cli.main` calls `lazy_app(app)`: a copy of the app whose group builds a command when it is
+`pto_patch.cli.app.main` calls `lazy_app(app)`: a copy of the app whose group builds a command when it is
 looked up to run, and lists the commands (`--help`) from their help text alone. Options, help text,
 messages and exit codes are typer's own (tests/test_quick_commands.py compares them with the whole
 app's).
@@ -18,7 +18,7 @@ import typer
 import typer.core
 import typer.main
 
-from pto_patch.cli_values import PlainValuesGroup
+from pto_patch.cli.values import PlainValuesGroup
 
 
 def _command_name(info: Any) -> str:

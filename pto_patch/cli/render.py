@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from pto_patch.console import err, escape, out, print_json
+from pto_patch.cli.console import err, escape, out, print_json
 
 
 def _table(*headers: str, **options):
@@ -24,7 +24,7 @@ def _table(*headers: str, **options):
 def show(result: Any, *, as_json: bool) -> None:
     """Print one command's result: exactly one JSON document, or text."""
     if as_json:
-        from pto_patch.report import json_document  # text output never needs the report module
+        from pto_patch.run.report import json_document  # text output never needs the report module
 
         print_json(json_document(result))
     else:
@@ -39,7 +39,7 @@ def demo_progress(result: Any, step: str, seconds: float, *, as_json: bool) -> N
     out.rule(f"{step} ({seconds:.1f} s)")
     show(result, as_json=False)
     if type(result).__name__ == "VerifyReport":
-        from pto_patch.report import DEMO_TIMING_NOTE
+        from pto_patch.run.report import DEMO_TIMING_NOTE
 
         out.print(f"[yellow]note:[/] {DEMO_TIMING_NOTE}", markup=True, highlight=False)
 
@@ -384,7 +384,7 @@ def _dynamic_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _timing_table(report) -> None:
-    from pto_patch.report import ratio_of
+    from pto_patch.run.report import ratio_of
 
     base, pto, ratios = report.baseline, report.pto, report.ratios()
     table = _table(title="timing (mean over the timed runs, after warm-up)", title_justify="left")
@@ -496,7 +496,7 @@ def _demo_text(result) -> None:
 
 
 def _tune_text(result) -> None:
-    from pto_patch import tune_render  # tune's tables, and its progress bar while it measures
+    from pto_patch.cli import tune_render  # tune's tables, and its progress bar while it measures
 
     tune_render.tune_result(result, as_json=False)
 

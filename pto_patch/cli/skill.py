@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.folder_hashes import folder_hashes, tree_hash
+from pto_patch.patching.folder_hashes import folder_hashes, tree_hash
 from pto_patch.resources import skills_dir
 
 SKILL_NAME = "pto-patch"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from pto_patch.console import err, out, print_json
+from pto_patch.cli.console import err, out, print_json
 
 
 @contextlib.contextmanager

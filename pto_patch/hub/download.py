@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch import __version__, folder_lock, hub_errors
+from pto_patch import __version__
 from pto_patch.errors import DownloadError
-from pto_patch.manifest import DOWNLOAD_RECORD
-from pto_patch.model_folder import read_download_record
-from pto_patch.patch_state import COMPLETE, DRIFTED, IN_PROGRESS, state_before_writing
-from pto_patch.spec import ModelSpec, load_spec
+from pto_patch.hub import hub_errors
+from pto_patch.model.folder import DOWNLOAD_RECORD, read_download_record
+from pto_patch.model.spec import ModelSpec, load_spec
+from pto_patch.patching import folder_lock
+from pto_patch.patching.patch_state import COMPLETE, DRIFTED, IN_PROGRESS, state_before_writing
 
 INDEX_FILE = "model.safetensors.index.json"
 # Where huggingface_hub keeps its per-file metadata inside a local_dir download.

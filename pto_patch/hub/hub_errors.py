@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.errors import DownloadError
-from pto_patch.spec import ModelSpec
+from pto_patch.model.spec import ModelSpec
 
 OFFLINE_HINT = (
     "on an offline machine, copy a complete model folder from a machine with access and point "

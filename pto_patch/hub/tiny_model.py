@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
-from pto_patch.patch_state import NONE, state_before_writing
-from pto_patch.spec import ModelSpec, load_spec
+from pto_patch.model.spec import ModelSpec, load_spec
+from pto_patch.patching.patch_state import NONE, state_before_writing
 
 # The Qwen2 special tokens in the order Qwen's vocabulary appends them after the BPE tokens.
 QWEN_SPECIAL_TOKENS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pto_patch.spec import ModelSpec, all_specs, load_spec
+from pto_patch.model.spec import ModelSpec, all_specs, load_spec
 
 
 @dataclass(frozen=True)

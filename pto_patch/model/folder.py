@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import ModelFolderError
-from pto_patch.spec import ModelSpec
+from pto_patch.model.spec import ModelSpec
+
+DOWNLOAD_RECORD = ".pto_patch_download.json"  # what `download` recorded of the snapshot
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,6 @@ def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
 
 def read_download_record(folder: Path) -> dict[str, Any] | None:
     """What `download` recorded in the folder (repo id, commit, ...), or None if nothing readable is there."""
-    from pto_patch.manifest import DOWNLOAD_RECORD
-
     try:
         record = json.loads((Path(folder) / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):

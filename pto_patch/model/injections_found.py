@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator, Sequence
 
-from pto_patch.spec import SWITCHES
+from pto_patch.model.spec import SWITCHES
 
 KERNEL_MODULE = "pto_kernels"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.errors import SourceNotFoundError
-from pto_patch.spec import ModelSpec
+from pto_patch.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pto_patch.errors import ModelFolderError
-from pto_patch.model_folder import ModelConfig
-from pto_patch.spec import ModelSpec
+from pto_patch.model.folder import ModelConfig
+from pto_patch.model.spec import ModelSpec
 
 # 4.x reads the section from rope_scaling, 5.x from rope_parameters; either may be nested in text_config.
 ROPE_KEYS = ("rope_scaling", "rope_parameters")

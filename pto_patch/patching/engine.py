@@ -10,274 +10,53 @@ putting back). apply and restore hold the folder's lock (folder_lock.py) from st
 
 from __future__ import annotations
 
-import difflib
 import errno
-import os
+import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from pto_patch import __version__, folder_lock, undo
-from pto_patch import overlay as overlays
-from pto_patch.config_fix import ConfigChange, config_changes, fixed_config, render_config
-from pto_patch.errors import AnchorNotFoundError, DriftError, ModelFolderError, PtoPatchError
-from pto_patch.fileio import (
+from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
+from pto_patch.model.folder import resolve_model_folder
+from pto_patch.model.spec import ModelSpec, load_spec, parse_ops
+from pto_patch.patching import folder_lock, undo
+from pto_patch.patching import overlay as overlays
+from pto_patch.patching.fileio import (
     atomic_write_bytes,
-    file_mode,
     make_dirs,
     sha256_bytes,
 )
-from pto_patch.folder_status import StatusResult, model_status  # noqa: F401 - the engine's API
-from pto_patch.locate import locate_sources
-from pto_patch.manifest import (
+from pto_patch.patching.folder_kernels import KERNEL_PACKAGE  # noqa: F401 - the engine's API
+from pto_patch.patching.folder_status import StatusResult, model_status  # noqa: F401 - the engine's API
+from pto_patch.patching.manifest import (
     BACKUP_DIR,
     MANIFEST_DIR,
     STATE_COMPLETE,
-    STATE_IN_PROGRESS,
     FileRecord,
-    Manifest,
-    link_target_escapes,
-    parent_escapes,
 )
-from pto_patch.model_folder import read_model_config, resolve_model_folder
-from pto_patch.patch_context import PatchContext
-from pto_patch.patch_state import NONE, patch_state
-from pto_patch.resources import kernel_package_dir
-from pto_patch.restore import RestoreResult, restore_model  # noqa: F401 - the engine's API
-from pto_patch.rewrite_cache import RewriteCache, cache_dir
-from pto_patch.spec import ModelSpec, load_spec, parse_ops
-
-KERNEL_PACKAGE = "pto_kernels"
-
-
-@dataclass(frozen=True)
-class PlannedFile:
-    path: str  # relative, '/'-separated
-    new_bytes: bytes
-    old_bytes: bytes | None  # None: apply adds the file
-    symlink_target: str | None = None
-    mode: int | None = None
-
-    @property
-    def action(self) -> str:
-        return "added" if self.old_bytes is None else "modified"
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    folder: Path
-    spec: str
-    ops: tuple[str, ...]
-    release: str
-    source: str
-    files: tuple[tuple[str, str], ...]  # (path, "added" | "modified")
-    config_changes: tuple[ConfigChange, ...] = ()  # what apply changes (or changed) in config.json
-    dry_run: bool = False
-    diff: str = ""
-    already_applied: bool = False
-    rolled_back_interrupted: bool = False
-    overlay_of: Path | None = None  # apply --overlay: the source folder, which was only read
-    elapsed_s: float = 0.0
-
-    @classmethod
-    def already_applied_from(
-        cls, folder: Path, manifest: Manifest, started: float, overlay_of: Path | None = None
-    ) -> ApplyResult:
-        """The result of an apply that found `folder` already patched as `manifest` records."""
-        return cls(
-            folder=folder,
-            spec=manifest.spec,
-            ops=manifest.ops,
-            release=manifest.transformers_release,
-            source=manifest.source,
-            files=tuple((r.path, r.action) for r in manifest.files),
-            already_applied=True,
-            overlay_of=overlay_of,
-            elapsed_s=time.perf_counter() - started,
-        )
-
-
-# --- planning (in memory only) --------------------------------------------------------------------
-
-
-def _read_existing(folder: Path, relative: str) -> tuple[bytes | None, str | None, int | None]:
-    """Bytes (through a link), link target and mode of a file in the folder, or Nones if absent.
-
-    Refuses what restore could not put back inside the folder: a path under a link that leads out,
-    a link that leads out (other than into the HF cache's blob store), a folder or a dangling link.
-    """
-    path = folder / relative
-    if parent_escapes(folder, relative):
-        raise ModelFolderError(
-            f"{relative} in {folder} lies under a link that leads out of the folder",
-            "replace that linked folder by a real one, then run apply again",
-        )
-    target = os.readlink(path) if path.is_symlink() else None
-    if target is not None and link_target_escapes(folder, path, target):
-        raise ModelFolderError(
-            f"{path} is a link to {target}, outside the folder",
-            f"replace the link by a copy of its file (cp --remove-destination {os.path.realpath(path)} {path})",
-        )
-    if target is not None and not path.exists():
-        raise ModelFolderError(
-            f"{path} is a link to {target}, which does not exist", "fix or remove the link"
-        )
-    if not path.exists():
-        return None, None, None
-    if not path.is_file():
-        raise ModelFolderError(
-            f"{path} is not a regular file", "move it out of the way, then run apply again"
-        )
-    return path.read_bytes(), target, file_mode(path)
-
-
-def _planned(folder: Path, relative: str, new_bytes: bytes) -> PlannedFile:
-    old, target, mode = _read_existing(folder, relative)
-    return PlannedFile(relative, new_bytes, old, target, mode if target is None else None)
-
-
-def _kernel_package_files() -> list[tuple[str, bytes]]:
-    root = kernel_package_dir()
-    files = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            relative = f"{KERNEL_PACKAGE}/{path.relative_to(root).as_posix()}"
-            files.append((relative, path.read_bytes()))
-    return files
-
-
-def rewrite_cache(use_cache: bool) -> RewriteCache | None:
-    """The user's rewrite cache (warnings on stderr), or None for `--no-cache`."""
-    from pto_patch.console import warn
-
-    return RewriteCache(cache_dir(), warn) if use_cache else None
-
-
-def plan_patch(
-    folder: Path,
-    spec: ModelSpec,
-    ops: tuple[str, ...],
-    cache: RewriteCache | None = None,
-    save_to_cache: bool = True,
-) -> tuple[list[PlannedFile], dict]:
-    """Every file apply will write, computed in memory; raises before anything is written.
-
-    With `cache`, a rewrite done before with byte-identical inputs is reused (rewrite_cache.py), and
-    with `save_to_cache` a new one is kept there.
-    """
-    config = read_model_config(folder, spec)
-    sources = locate_sources(folder, spec)
-    modeling_bytes = sources.modeling.read_bytes()
-    context = PatchContext(
-        spec=spec,
-        ops=ops,
-        release=sources.release,
-        tool_version=__version__,
-        source_sha256=sha256_bytes(modeling_bytes),
-    )
-
-    def rewritten(kind: str, path: Path, data: bytes) -> str:
-        def run() -> str:
-            from pto_patch import codemods  # libcst: only for a rewrite the cache does not hold
-
-            rewrite = codemods.rewrite_modeling if kind == "modeling" else codemods.rewrite_configuration
-            return _rewritten(folder, path, data, rewrite, context)
-
-        return run() if cache is None else cache.rewritten(kind, data, context, run, save=save_to_cache)
-
-    modeling = rewritten("modeling", sources.modeling, modeling_bytes)
-    configuration = rewritten("configuration", sources.configuration, sources.configuration.read_bytes())
-    new_data = fixed_config(config, spec)
-    new_config = render_config(new_data, config.raw_bytes)
-
-    planned = [
-        _planned(folder, spec.modeling_file, modeling.encode("utf-8")),
-        _planned(folder, spec.configuration_file, configuration.encode("utf-8")),
-        _planned(folder, "config.json", new_config),
-    ]
-    planned += [_planned(folder, relative, data) for relative, data in _kernel_package_files()]
-    info = {
-        "release": sources.release,
-        "source": str(sources.modeling),
-        "source_sha256": context.source_sha256,
-        "from_folder": sources.from_folder,
-        "config_changes": tuple(config_changes(config.data, new_data)),
-    }
-    return planned, info
-
-
-def _rewritten(folder: Path, path: Path, data: bytes, rewrite, context) -> str:
-    """`rewrite` of a source file; where the file is the folder's own, its faults are the folder's."""
-    own = path.parent == folder
-    if own:
-        context = replace(context, source_folder=folder)
-    try:
-        return rewrite(data.decode("utf-8"), context)
-    except UnicodeDecodeError as exc:
-        if own:
-            raise ModelFolderError(
-                f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                _OWN_SOURCE_HINT.format(name=path.name),
-            ) from exc
-        raise AnchorNotFoundError(
-            f"{context.where(path.name)} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-            "the source file is damaged; reinstall transformers",
-        ) from exc
-    except AnchorNotFoundError as exc:
-        if not own:
-            raise
-        raise ModelFolderError(exc.message, _OWN_SOURCE_HINT.format(name=path.name)) from exc
-
-
-_OWN_SOURCE_HINT = (
-    "the folder's own {name} is not the transformers code pto-patch patches: move it out of the folder "
-    "(the installed release's file is used then), or download the model again"
+from pto_patch.patching.patch_state import NONE, patch_state
+from pto_patch.patching.plan import (  # noqa: F401 - the engine's API
+    ApplyResult,
+    PlannedFile,
+    manifest_in_progress,
+    plan_patch,
+    unified_diff,
 )
+from pto_patch.patching.restore import RestoreResult, restore_model  # noqa: F401 - the engine's API
+from pto_patch.patching.rewrite_cache import RewriteCache, cache_dir
 
 
-def unified_diff(planned: list[PlannedFile]) -> str:
-    chunks = []
-    kernel_files = [item for item in planned if item.path.startswith(f"{KERNEL_PACKAGE}/")]
-    for item in planned:
-        if item in kernel_files:
-            continue
-        old = (item.old_bytes or b"").decode("utf-8").splitlines(keepends=True)
-        new = item.new_bytes.decode("utf-8").splitlines(keepends=True)
-        before = f"a/{item.path}" if item.old_bytes is not None else "/dev/null"
-        chunks.extend(difflib.unified_diff(old, new, before, f"b/{item.path}"))
-    if kernel_files:
-        chunks.append(
-            f"# plus {len(kernel_files)} file(s) of the kernel package, added under {KERNEL_PACKAGE}/:\n"
-        )
-        chunks.extend(f"#   {item.action} {item.path}\n" for item in kernel_files)
-    return "".join(chunk if chunk.endswith("\n") else chunk + "\n" for chunk in chunks)
+def rewrite_cache(use_cache: bool, warn: Callable[[str], None] | None = None) -> RewriteCache | None:
+    """The user's rewrite cache (its warnings to `warn`, else one line on stderr), or None for `--no-cache`."""
+    return RewriteCache(cache_dir(), warn or _warn_on_stderr) if use_cache else None
+
+
+def _warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 # --- writing and undoing ---------------------------------------------------------------------------
-
-
-def manifest_in_progress(
-    spec: ModelSpec,
-    ops: tuple[str, ...],
-    info: dict,
-    files: tuple[FileRecord, ...],
-    added_dirs: tuple[str, ...],
-    extra: dict | None = None,
-) -> Manifest:
-    """The manifest an apply (in place or overlay) saves before it writes a patched byte: this tool's
-    version, the modeling source `plan_patch` found (its `info`), state in progress."""
-    return Manifest(
-        tool_version=__version__,
-        spec=spec.name,
-        ops=ops,
-        transformers_release=info["release"],
-        source=info["source"],
-        source_sha256=info["source_sha256"],
-        files=files,
-        added_dirs=added_dirs,
-        state=STATE_IN_PROGRESS,
-        extra=extra or {},
-    )
 
 
 def _write_patch(folder: Path, spec: ModelSpec, ops: tuple[str, ...], planned: list[PlannedFile], info: dict):
@@ -319,16 +98,18 @@ def apply_patch(
     dry_run: bool = False,
     overlay: Path | str | None = None,
     use_cache: bool = True,
+    warn: Callable[[str], None] | None = None,
 ) -> ApplyResult:
     """Patch the model folder in place, or with `overlay` build a patched overlay there (see overlay.py).
 
-    `use_cache` reuses (and keeps) rewrites in the user's rewrite cache; a dry run only reads it.
+    `use_cache` reuses (and keeps) rewrites in the user's rewrite cache; a dry run only reads it. `warn`
+    takes the cache's one-line warnings (the CLI passes its console's).
     """
     started = time.perf_counter()
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)
     chosen = parse_ops(",".join(ops) if isinstance(ops, tuple | list) else ops, spec)
-    cache = rewrite_cache(use_cache)
+    cache = rewrite_cache(use_cache, warn)
     if overlay is not None:
         return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started, cache)
     with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):

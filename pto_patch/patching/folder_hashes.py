@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from pto_patch.fileio import sha256_bytes, sha256_file
+from pto_patch.patching.fileio import sha256_bytes, sha256_file
 
 LINK_PREFIX = "link:"
 FOLDER_ENTRY = "dir"

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto_patch import overlay as overlays
-from pto_patch.locate import installed_transformers_release
-from pto_patch.manifest import STATE_IN_PROGRESS
-from pto_patch.model_folder import read_download_record, resolve_model_folder
-from pto_patch.patch_state import patch_state
-from pto_patch.spec import load_spec
-from pto_patch.tuning_file import tuning_status
+from pto_patch.model.folder import read_download_record, resolve_model_folder
+from pto_patch.model.locate import installed_transformers_release
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import overlay as overlays
+from pto_patch.patching.manifest import STATE_IN_PROGRESS
+from pto_patch.patching.patch_state import patch_state
+from pto_patch.patching.tuning_file import tuning_status
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class StatusResult:
 
 
 def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = None) -> StatusResult:
-    from pto_patch.injections_found import find_injections
+    from pto_patch.model.injections_found import find_injections
 
     spec = load_spec(model)
     folder = resolve_model_folder(model_path, spec)

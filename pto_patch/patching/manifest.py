@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import ModelFolderError
-from pto_patch.fileio import atomic_write_bytes, sha256_file
+from pto_patch.model.folder import DOWNLOAD_RECORD  # noqa: F401 - a file of the folder the manifest names
+from pto_patch.patching.fileio import atomic_write_bytes, sha256_file
 
 MANIFEST_DIR = ".pto_patch"
-# What `download` leaves in the folder (the revision it fetched), shown by `status`.
-DOWNLOAD_RECORD = ".pto_patch_download.json"
 MANIFEST_NAME = "manifest.json"
 BACKUP_DIR = "backup"
 SCHEMA_VERSION = 1

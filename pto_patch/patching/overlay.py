@@ -22,130 +22,41 @@ index does, since hashing 15 GB of weights on every `status` would make it unusa
 from __future__ import annotations
 
 import os
-import posixpath
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pto_patch import folder_lock
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
-from pto_patch.fileio import (
+from pto_patch.model.spec import ModelSpec
+from pto_patch.patching import folder_lock, undo
+from pto_patch.patching.fileio import (
     atomic_symlink,
     atomic_write_bytes,
     make_dirs,
     remove_empty_dir,
-    remove_path,
     sha256_bytes,
 )
-from pto_patch.manifest import (
+from pto_patch.patching.folder_kernels import KERNEL_PACKAGE
+from pto_patch.patching.manifest import (
     MANIFEST_DIR,
     STATE_COMPLETE,
     FileRecord,
     Manifest,
     drifted_files,
 )
-from pto_patch.spec import ModelSpec
+from pto_patch.patching.overlay_record import (  # noqa: F401 - the overlay's record, read by status and restore
+    OVERLAY_KEY,
+    OverlayRecord,
+    SourceEntry,
+    _damaged,
+    _path_problem,
+    record_of,
+)
+from pto_patch.patching.undo import remove_links  # noqa: F401 - restore's half, named here too
 
-OVERLAY_KEY = "overlay"
 ALWAYS_HASHED = 64 * 1024 * 1024
 OVERLAY_HINT = "apply --overlay OUT writes the patched files into OUT and links the rest; the model folder is never written"
-
-
-@dataclass(frozen=True)
-class SourceEntry:
-    """One file of the source folder as apply saw it."""
-
-    path: str  # relative, '/'-separated
-    sha256: str | None  # of the bytes it leads to; None for a dangling link
-    link_target: str | None = None  # the entry is itself a link (an HF-cache snapshot file)
-    stat: tuple[int, int, int, int] | None = None  # (dev, inode, size, mtime_ns) of the file it leads to
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "link_target": self.link_target, "stat": self.stat}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SourceEntry:
-        stat = data.get("stat")
-        return cls(data["path"], data.get("sha256"), data.get("link_target"), tuple(stat) if stat else None)
-
-
-@dataclass(frozen=True)
-class OverlayRecord:
-    source: str  # the source folder, absolute
-    created_folder: bool  # apply created OUT itself (restore then removes it)
-    links: tuple[str, ...]  # OUT/<path> -> <source>/<path>
-    dirs: tuple[str, ...]  # folders apply made in OUT for links (pto_kernels/ is the manifest's added dir)
-    entries: tuple[SourceEntry, ...]
-
-    def link_target(self, relative: str) -> str:
-        return os.path.join(self.source, *relative.split("/"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "created_folder": self.created_folder,
-            "links": list(self.links),
-            "dirs": list(self.dirs),
-            "entries": [entry.to_json() for entry in self.entries],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> OverlayRecord:
-        return cls(
-            source=str(data["source"]),
-            created_folder=bool(data["created_folder"]),
-            links=tuple(data["links"]),
-            dirs=tuple(data["dirs"]),
-            entries=tuple(SourceEntry.from_json(item) for item in data["entries"]),
-        )
-
-
-def record_of(folder: Path, manifest: Manifest) -> OverlayRecord | None:
-    """The manifest's overlay record, checked like the rest of it; None for an in-place patch."""
-    data = manifest.extra.get(OVERLAY_KEY)
-    if data is None:
-        return None
-    try:
-        record = OverlayRecord.from_json(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _damaged(folder, f"its overlay record is malformed ({exc})") from exc
-    if not os.path.isabs(record.source):
-        raise _damaged(folder, f"overlay source {record.source!r} is not an absolute path")
-    for relative in (*record.links, *record.dirs, *(entry.path for entry in record.entries)):
-        problem = _path_problem(folder, relative)
-        if problem:
-            raise _damaged(folder, problem)
-    return record
-
-
-def _damaged(folder: Path, problem: str) -> ModelFolderError:
-    return ModelFolderError(
-        f"the pto-patch manifest {Manifest.path_in(folder)} is damaged: {problem}",
-        "nothing was changed; delete the overlay folder and run apply --overlay again",
-    )
-
-
-def _path_problem(folder: Path, relative: Any) -> str | None:
-    """Why `relative` is not a path inside `folder` that apply could have made, or None."""
-    if not isinstance(relative, str) or not relative:
-        return f"{relative!r} is not a path"
-    if (
-        relative.startswith("/")
-        or "\\" in relative
-        or "\0" in relative
-        or posixpath.normpath(relative) != relative
-    ):
-        return f"{relative!r} is not a plain relative path"
-    if any(part in ("..", ".") for part in relative.split("/")) or relative.split("/")[0] == MANIFEST_DIR:
-        return f"{relative!r} leaves the folder or enters {MANIFEST_DIR}/"
-    resolved_parent = os.path.realpath((folder / relative).parent)
-    if not Path(resolved_parent).is_relative_to(Path(folder).resolve()):
-        return f"{relative!r} lies under a link that leads out of {folder}"
-    return None
-
-
-# --- reading the source ---------------------------------------------------------------------------
 
 
 def _stat_of(path: Path) -> tuple[int, int, int, int] | None:
@@ -320,17 +231,18 @@ def apply_overlay(
     started: float,
     cache=None,
 ):
-    from pto_patch import engine, undo
+    # the plan (and so the rewrite) only to apply: status and restore read an overlay without it
+    from pto_patch.patching.plan import ApplyResult, plan_patch, unified_diff
 
     out = Path(out).expanduser().resolve()
     _check_folders(source, out)
     with folder_lock.shared(source):
         existing = _existing_overlay(out, source, chosen)
         if existing is not None:
-            return engine.ApplyResult.already_applied_from(out, existing, started, overlay_of=source)
-        planned, info = engine.plan_patch(source, spec, chosen, cache, save_to_cache=not dry_run)
+            return ApplyResult.already_applied_from(out, existing, started, overlay_of=source)
+        planned, info = plan_patch(source, spec, chosen, cache, save_to_cache=not dry_run)
         written = {item.path for item in planned}
-        result = engine.ApplyResult(
+        result = ApplyResult(
             folder=out,
             spec=spec.name,
             ops=chosen,
@@ -341,7 +253,7 @@ def apply_overlay(
             overlay_of=source,
         )
         if dry_run:
-            diff = engine.unified_diff(planned)
+            diff = unified_diff(planned)
             return replace(result, dry_run=True, diff=diff, elapsed_s=time.perf_counter() - started)
         created = _created_before(out)
         try:
@@ -355,7 +267,7 @@ def apply_overlay(
             rolled_back = undo.recover(out)
             entries, source_dirs = scan_source(source)
             links = tuple(e.path for e in entries if e.path not in written)
-            kernel_dir = engine.KERNEL_PACKAGE
+            kernel_dir = KERNEL_PACKAGE
             dirs = tuple(d for d in source_dirs if d != kernel_dir and not d.startswith(kernel_dir + "/"))
             record = OverlayRecord(str(source), created, links, dirs, tuple(entries))
             try:
@@ -393,7 +305,7 @@ def _remove_if_empty(out: Path, record: OverlayRecord) -> None:
 
 
 def _write_overlay(out: Path, spec: ModelSpec, ops, planned, info: dict, record: OverlayRecord) -> None:
-    from pto_patch.engine import KERNEL_PACKAGE, manifest_in_progress
+    from pto_patch.patching.plan import manifest_in_progress
 
     records = tuple(
         FileRecord(
@@ -421,24 +333,6 @@ def _write_overlay(out: Path, spec: ModelSpec, ops, planned, info: dict, record:
 
 
 # --- restore ------------------------------------------------------------------------------------------
-
-
-def remove_links(folder: Path, manifest: Manifest) -> list[str]:
-    """Remove the links apply made in OUT (only while they still lead where apply pointed them) and its folders."""
-    record = record_of(folder, manifest)
-    if record is None:
-        return []
-    removed = []
-    for relative in record.links:
-        link = folder / relative
-        if link.is_symlink() and os.readlink(link) == record.link_target(relative):
-            remove_path(link)
-            removed.append(relative)
-    for relative in sorted(record.dirs, key=lambda d: -d.count("/")):
-        directory = folder / relative
-        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
-            remove_empty_dir(directory)
-    return removed
 
 
 def links_left(folder: Path, manifest: Manifest) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch import __version__
-from pto_patch.spec import OPS, ModelSpec
+from pto_patch.model.spec import OPS, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.errors import ModelFolderError
-from pto_patch.manifest import MANIFEST_DIR, STATE_COMPLETE, STATE_IN_PROGRESS, Manifest, drifted_files
+from pto_patch.patching.manifest import (
+    MANIFEST_DIR,
+    STATE_COMPLETE,
+    STATE_IN_PROGRESS,
+    Manifest,
+    drifted_files,
+)
 
 NONE = "none"
 IN_PROGRESS = STATE_IN_PROGRESS

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch import folder_lock, undo
-from pto_patch import overlay as overlays
 from pto_patch.errors import DriftError, ModelFolderError
-from pto_patch.manifest import MANIFEST_DIR
-from pto_patch.model_folder import check_writable, resolve_model_folder
-from pto_patch.patch_state import NONE, patch_state
-from pto_patch.spec import load_spec
+from pto_patch.model.folder import check_writable, resolve_model_folder
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import folder_lock, undo
+from pto_patch.patching import overlay as overlays
+from pto_patch.patching.manifest import MANIFEST_DIR
+from pto_patch.patching.patch_state import NONE, patch_state
 
 
 @dataclass(frozen=True)

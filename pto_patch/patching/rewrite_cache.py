@@ -32,7 +32,8 @@ from pto_patch.resources import templates_dir
 CACHE_ENV = "PTO_PATCH_CACHE"
 FORMAT = b"pto-patch-rewrite-1"
 ENTRIES = "rewrites"
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PATCHING_DIR = Path(__file__).resolve().parent
+_MODEL_DIR = _PATCHING_DIR.parent / "model"
 
 
 def cache_dir() -> Path:
@@ -47,8 +48,8 @@ def cache_dir() -> Path:
 def _rewriting_code() -> list[Path]:
     """The files whose content decides what a rewrite writes: the codemods, the guard reader, the spec
     model and the injection templates."""
-    files = [*sorted((_PACKAGE_DIR / "codemods").glob("*.py")), _PACKAGE_DIR / "injections_found.py"]
-    files.append(_PACKAGE_DIR / "spec.py")
+    files = [*sorted((_PATCHING_DIR / "codemods").glob("*.py")), _MODEL_DIR / "injections_found.py"]
+    files.append(_MODEL_DIR / "spec.py")
     files += sorted((templates_dir() / "injections").glob("*.py"))
     return files
 

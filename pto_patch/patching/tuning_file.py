@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pto_patch.fileio import atomic_write_bytes, sha256_file
-from pto_patch.manifest import MANIFEST_DIR, Manifest, is_sha256, parent_escapes
+from pto_patch.patching.fileio import atomic_write_bytes, sha256_file
+from pto_patch.patching.manifest import MANIFEST_DIR, Manifest, is_sha256, parent_escapes
 
 TUNING_NAME = "tuning.json"
 TUNING_PATH = f"{MANIFEST_DIR}/{TUNING_NAME}"  # relative to the model folder
@@ -199,7 +199,7 @@ def tuning_status(folder: Path, manifest: Manifest, drifted: tuple[str, ...]) ->
     if not (path.exists() or path.is_symlink()):
         return None
     from pto_patch.errors import PtoPatchError
-    from pto_patch.run.folder import borrowed_folder_kernels
+    from pto_patch.patching.folder_kernels import borrowed_folder_kernels
 
     shown: dict[str, Any] = {
         "file": str(path),

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.fileio import (
+from pto_patch.patching.fileio import (
     atomic_symlink,
     atomic_write_bytes,
     file_mode,
@@ -23,9 +23,9 @@ from pto_patch.fileio import (
     sha256_file,
     stray_temporaries,
 )
-from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
-from pto_patch.overlay import remove_links
-from pto_patch.patch_state import patch_state
+from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
+from pto_patch.patching.overlay_record import record_of
+from pto_patch.patching.patch_state import patch_state
 
 
 def remove_added_dirs(folder: Path, added_dirs: tuple[str, ...]) -> None:
@@ -247,3 +247,21 @@ def recover(folder: Path) -> bool:
         return True
     finish_restore(folder, state.manifest)
     return True
+
+
+def remove_links(folder: Path, manifest: Manifest) -> list[str]:
+    """Remove the links apply made in OUT (only while they still lead where apply pointed them) and its folders."""
+    record = record_of(folder, manifest)
+    if record is None:
+        return []
+    removed = []
+    for relative in record.links:
+        link = folder / relative
+        if link.is_symlink() and os.readlink(link) == record.link_target(relative):
+            remove_path(link)
+            removed.append(relative)
+    for relative in sorted(record.dirs, key=lambda d: -d.count("/")):
+        directory = folder / relative
+        if directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
+            remove_empty_dir(directory)
+    return removed

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.report import BatchRun, BenchResult, ModeRun, write_report
+from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
 from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
@@ -22,8 +22,8 @@ from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions, parse_batches
+from pto_patch.run.report import BatchRun, BenchResult, ModeRun, write_report
 from pto_patch.run.start import start_run
-from pto_patch.tuning_file import describe_backend, lookup_for_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.folder_hashes import folder_hashes
-from pto_patch.report import DemoResult
-from pto_patch.run.folder import forget_folder_kernels
+from pto_patch.patching.folder_hashes import folder_hashes
+from pto_patch.patching.folder_kernels import forget_folder_kernels
+from pto_patch.run.report import DemoResult
 
 MODEL_DIR = "gutenocr-tiny"
 IMAGE_NAME = "demo-page.png"
@@ -68,7 +68,9 @@ def _isolate_modules_cache(work: Path, notes: list[str]) -> tuple[str | None, di
 def run_demo(
     directory: Path | None = None, keep: bool = False, on_step: StepCallback | None = None
 ) -> DemoResult:
-    from pto_patch import engine, ocr_inputs, tiny_model
+    from pto_patch.hub import tiny_model
+    from pto_patch.patching import engine
+    from pto_patch.run import ocr_inputs
     from pto_patch.run.verification import VerifyOptions, verify_model
 
     started = time.perf_counter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pto_patch.report import VerifyReport, write_report
+from pto_patch.run.report import VerifyReport, write_report
 from pto_patch.run.verification import VerifyOptions, verify_model
 
 

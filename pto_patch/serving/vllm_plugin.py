@@ -2,7 +2,7 @@
 
 vLLM builds its own layers and never reads a patched modeling file; it swaps a layer class for the one
 registered under the class's name in its out-of-tree registry (`CustomOp.register_oot`). `register()`
-puts classes there whose forwards call pto_kernels (`pto_patch.vllm_layers`), for the ops named in
+puts classes there whose forwards call pto_kernels (`pto_patch.serving.vllm_layers`), for the ops named in
 $PTO_KERNELS_VLLM_OPS, on the backend $PTO_KERNELS_BACKEND chooses:
 
     PTO_KERNELS_VLLM_OPS=all vllm serve ./GutenOCR-3B        # or rms_norm,mrope,swiglu_mlp
@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model.spec import BLOCK_OPS, REFERENCE_OPS
 from pto_patch.resources import kernels_dir
-from pto_patch.spec import BLOCK_OPS, REFERENCE_OPS
-from pto_patch.vllm_layers import KERNEL_PACKAGE, MIXINS, is_pto_layer, pto_layer_class
+from pto_patch.serving.vllm_layers import KERNEL_PACKAGE, MIXINS, is_pto_layer, pto_layer_class
 
 OPS_ENV = "PTO_KERNELS_VLLM_OPS"
 # vLLM's layers take the reference's three ops; the decoder-layer blocks live in patched transformers code

@@ -1,6 +1,6 @@
 """`pto-patch verify --engine vllm`: the model through vLLM twice, without and with the plugin's ops.
 
-vLLM loads the checkpoint and builds its own layers; the plugin (pto_patch.vllm_plugin) swaps them for
+vLLM loads the checkpoint and builds its own layers; the plugin (pto_patch.serving.vllm_plugin) swaps them for
 classes that call pto_kernels when $PTO_KERNELS_VLLM_OPS says so. Each mode runs in a process of its own
 (`pto_patch.run.vllm_engine`), because vLLM registers layer classes once per process and for good. The
 report gives token agreement, the calls of each op in vLLM's worker process(es), the backend and the
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, PtoPatchError
-from pto_patch.patch_state import patch_state
-from pto_patch.report import SCHEMA_VERSION, Verdict, write_report
+from pto_patch.model.spec import load_spec, parse_ops
+from pto_patch.patching.patch_state import patch_state
 from pto_patch.run.device import dtype_key
-from pto_patch.spec import load_spec, parse_ops
-from pto_patch.vllm_plugin import BACKEND_ENV, OPS_ENV, SERVED_OPS, plugin_settings
+from pto_patch.run.report import SCHEMA_VERSION, Verdict, write_report
+from pto_patch.serving.vllm_plugin import BACKEND_ENV, OPS_ENV, SERVED_OPS, plugin_settings
 
 ENGINE_TIMEOUT_S = 1800
 TEXT_CONTEXT, IMAGE_CONTEXT = 512, 8192
@@ -135,7 +135,7 @@ class VllmVerifyReport(Verdict):
 
 
 def check_folder(model: str, model_path: Path | None) -> Path:
-    from pto_patch.model_folder import resolve_model_folder
+    from pto_patch.model.folder import resolve_model_folder
 
     folder = resolve_model_folder(model_path, load_spec(model))
     state = patch_state(folder)

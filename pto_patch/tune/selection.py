@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pto_patch.spec import BLOCKS
+from pto_patch.model.spec import BLOCKS
 
 FASTER = "faster"
 SLOWER = "slower"

@@ -16,19 +16,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pto_patch import __version__, folder_lock, tune_selection
+from pto_patch import __version__
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.report import TuneResult
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import folder_lock
+from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, write_tuning
 from pto_patch.run.compiling import apply_compile
 from pto_patch.run.generation import generate
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_options, parse_batches
+from pto_patch.run.report import TuneResult
 from pto_patch.run.start import start_run
-from pto_patch.spec import load_spec
-from pto_patch.tune_selection import Candidate, Rules
-from pto_patch.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, write_tuning
+from pto_patch.tune import selection as tune_selection
+from pto_patch.tune.selection import Candidate, Rules
 
 # Backends worth trying per device kind ("torch" is the eager code behind a switch: never faster).
 DEVICE_BACKENDS = {"cpu": ("fused",), "cuda": ("fused",), "npu": ("pypto", "npu", "fused")}
@@ -202,7 +204,7 @@ def run_tune(
     The folder is locked for the whole run: tune writes into it. on_run(batch, what ran, seconds since
     the start) is called after every run, for a progress bar.
     """
-    from pto_patch.model_folder import resolve_model_folder
+    from pto_patch.model.folder import resolve_model_folder
 
     began = clock()
     batches = check_tune_options(options)

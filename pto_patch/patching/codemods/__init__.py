@@ -3,7 +3,7 @@
 `rewrite_modeling` and `rewrite_configuration` run the ordered steps of `gather_codemods` on a
 source text and return the new text (line endings kept); any step that cannot find its anchor
 raises `AnchorNotFoundError` and nothing is returned. Which guards a source holds is
-`pto_patch.injections_found` (stdlib `ast`, no libcst).
+`pto_patch.model.injections_found` (stdlib `ast`, no libcst).
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import hashlib
 
 import libcst as cst
 
-from pto_patch.codemods.absolute_imports import AbsoluteImports
-from pto_patch.codemods.banner import Banner
-from pto_patch.codemods.checkpoint_conversion import CheckpointConversion
-from pto_patch.codemods.context import Codemod, PatchContext
-from pto_patch.codemods.inject_attention_prologue import InjectAttentionPrologue
-from pto_patch.codemods.inject_mlp_block import InjectMlpBlock
-from pto_patch.codemods.inject_mrope import InjectMrope
-from pto_patch.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
-from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
-from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
-from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
+from pto_patch.patching.codemods.absolute_imports import AbsoluteImports
+from pto_patch.patching.codemods.banner import Banner
+from pto_patch.patching.codemods.checkpoint_conversion import CheckpointConversion
+from pto_patch.patching.codemods.context import Codemod, PatchContext
+from pto_patch.patching.codemods.inject_attention_prologue import InjectAttentionPrologue
+from pto_patch.patching.codemods.inject_mlp_block import InjectMlpBlock
+from pto_patch.patching.codemods.inject_mrope import InjectMrope
+from pto_patch.patching.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
+from pto_patch.patching.codemods.inject_rms_norm import InjectRmsNorm
+from pto_patch.patching.codemods.inject_swiglu_mlp import InjectSwigluMlp
+from pto_patch.patching.codemods.rename_classes import RenameClasses
 
 __all__ = [
     "PatchContext",

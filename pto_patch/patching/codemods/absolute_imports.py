@@ -22,9 +22,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.node_walk import copy_on_write
 from pto_patch.errors import AnchorNotFoundError
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.node_walk import copy_on_write
 
 
 def dotted_name(name: str) -> cst.Attribute | cst.Name:

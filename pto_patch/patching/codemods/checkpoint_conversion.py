@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.injection_templates import PlaceholderSubstituter, template_body
-from pto_patch.codemods.node_walk import outer_statements
 from pto_patch.errors import AnchorNotFoundError
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.injection_templates import PlaceholderSubstituter, template_body
+from pto_patch.patching.codemods.node_walk import outer_statements
 
 TEMPLATE = "checkpoint_conversion"
 PLACEHOLDER = "RENAMED_CLASSES"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from pto_patch.patch_context import PatchContext
+from pto_patch.patching.patch_context import PatchContext
 
 if TYPE_CHECKING:
     import libcst as cst

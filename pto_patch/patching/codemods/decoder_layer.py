@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from pto_patch.codemods.guards import is_docstring
-from pto_patch.codemods.injection_templates import parameter_names
-from pto_patch.codemods.node_walk import find_all
 from pto_patch.errors import AnchorNotFoundError
+from pto_patch.patching.codemods.guards import is_docstring
+from pto_patch.patching.codemods.injection_templates import parameter_names
+from pto_patch.patching.codemods.node_walk import find_all
 
 KERNEL_KWARGS = ("pto_input_layernorm", "pto_defer_o_proj")  # what the layer hands its attention
 

@@ -18,7 +18,7 @@ from typing import cast
 
 import libcst as cst
 
-from pto_patch.injections_found import guard_switches
+from pto_patch.model.injections_found import guard_switches
 
 
 def is_docstring(statement: cst.CSTNode) -> bool:

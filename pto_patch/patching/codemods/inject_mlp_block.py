@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from pto_patch.codemods import decoder_layer as dl
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import has_guard, with_import_sys
-from pto_patch.codemods.injection_templates import template_piece
 from pto_patch.errors import AnchorNotFoundError
+from pto_patch.patching.codemods import decoder_layer as dl
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.guards import has_guard, with_import_sys
+from pto_patch.patching.codemods.injection_templates import template_piece
 
 OP = "mlp_block"
 TEMPLATE = "decoder_blocks"

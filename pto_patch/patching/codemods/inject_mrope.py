@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import GuardInjector, has_guard, with_import_sys
-from pto_patch.codemods.injection_templates import guard_statements, parameter_names
 from pto_patch.errors import AnchorNotFoundError
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.guards import GuardInjector, has_guard, with_import_sys
+from pto_patch.patching.codemods.injection_templates import guard_statements, parameter_names
 
 OP = "mrope"
 # (template, the target's parameters must start with these), most specific layout first.

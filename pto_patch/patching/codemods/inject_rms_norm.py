@@ -29,12 +29,12 @@ from typing import cast
 
 import libcst as cst
 
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.guards import GuardInjector, has_guard, with_import_sys
-from pto_patch.codemods.injection_templates import guard_statements, parameter_names, template_body
-from pto_patch.codemods.node_walk import find_all, outer_statements
-from pto_patch.codemods.rename_classes import rename_references
 from pto_patch.errors import AnchorNotFoundError, SpecError
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.guards import GuardInjector, has_guard, with_import_sys
+from pto_patch.patching.codemods.injection_templates import guard_statements, parameter_names, template_body
+from pto_patch.patching.codemods.node_walk import find_all, outer_statements
+from pto_patch.patching.codemods.rename_classes import rename_references
 
 OP = "rms_norm"
 TEMPLATE = "rms_norm"

@@ -12,7 +12,7 @@ from typing import cast
 
 import libcst as cst
 
-from pto_patch.codemods.guards import is_docstring
+from pto_patch.patching.codemods.guards import is_docstring
 from pto_patch.resources import templates_dir
 
 GUARD_FUNCTION = "guard"

@@ -27,9 +27,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from pto_patch.codemods.context import PatchContext
-from pto_patch.codemods.node_walk import copy_on_write, outer_statements
 from pto_patch.errors import SpecError
+from pto_patch.patching.codemods.context import PatchContext
+from pto_patch.patching.codemods.node_walk import copy_on_write, outer_statements
 
 # Class attributes (and `__all__`) whose string elements are class names transformers compares
 # with `type(module).__name__`: stale names there silently break device maps or star imports.
