@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 # Rank of each package, from the ground up; equal ranks may not import each other.
 LAYERS = {"model": 0, "patching": 1, "hub": 2, "run": 3, "tune": 4, "serving": 4, "cli": 5}
@@ -162,37 +164,35 @@ def test_a_clean_fake_house_passes(tmp_path: Path):
     assert upward_imports(graph) == [] and circles(graph) == []
 
 
-def test_an_import_up_is_reported_even_inside_a_function(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("files", "reported"),
+    [
+        (  # an import up, even one inside a function
+            {"pto_patch/patching/undo.py": "def f():\n    from pto_patch.cli import app\n"},
+            "pto_patch.patching.undo -> pto_patch.cli.app: patching may not import cli",
+        ),
+        (  # sideways, between two packages of one rank
+            {
+                "pto_patch/tune/tuning.py": "from pto_patch.serving import vllm_plugin\n",
+                "pto_patch/serving/vllm_plugin.py": "",
+            },
+            "pto_patch.tune.tuning -> pto_patch.serving.vllm_plugin: tune may not import serving",
+        ),
+        (  # the top level into a package
+            {"pto_patch/errors.py": "from pto_patch.model import spec\n"},
+            "pto_patch.errors -> pto_patch.model.spec: the top level imports no package",
+        ),
+        (  # undo into a writer
+            {"pto_patch/patching/undo.py": "from pto_patch.patching.overlay import remove_links\n"},
+            "pto_patch.patching.undo -> pto_patch.patching.overlay: what a writer shares may not import a writer",
+        ),
+    ],
+)
+def test_each_wrong_import_is_reported(tmp_path: Path, files: dict[str, str], reported: str):
     fake_house(tmp_path)
-    write(tmp_path, "pto_patch/patching/undo.py", "def f():\n    from pto_patch.cli import app\n")
-    assert upward_imports(import_graph(tmp_path)) == [
-        "pto_patch.patching.undo -> pto_patch.cli.app: patching may not import cli"
-    ]
-
-
-def test_an_import_between_side_by_side_packages_is_reported(tmp_path: Path):
-    fake_house(tmp_path)
-    write(tmp_path, "pto_patch/tune/tuning.py", "from pto_patch.serving import vllm_plugin\n")
-    write(tmp_path, "pto_patch/serving/vllm_plugin.py")
-    assert upward_imports(import_graph(tmp_path)) == [
-        "pto_patch.tune.tuning -> pto_patch.serving.vllm_plugin: tune may not import serving"
-    ]
-
-
-def test_the_top_level_importing_a_package_is_reported(tmp_path: Path):
-    fake_house(tmp_path)
-    write(tmp_path, "pto_patch/errors.py", "from pto_patch.model import spec\n")
-    assert upward_imports(import_graph(tmp_path)) == [
-        "pto_patch.errors -> pto_patch.model.spec: the top level imports no package"
-    ]
-
-
-def test_the_plan_or_undo_importing_a_writer_is_reported(tmp_path: Path):
-    fake_house(tmp_path)
-    write(tmp_path, "pto_patch/patching/undo.py", "from pto_patch.patching.overlay import remove_links\n")
-    assert upward_imports(import_graph(tmp_path)) == [
-        "pto_patch.patching.undo -> pto_patch.patching.overlay: what a writer shares may not import a writer"
-    ]
+    for relative, text in files.items():
+        write(tmp_path, relative, text)
+    assert upward_imports(import_graph(tmp_path)) == [reported]
 
 
 def test_a_circle_is_reported(tmp_path: Path):

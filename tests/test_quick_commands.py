@@ -167,7 +167,13 @@ def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: 
     assert heavy(modules, REWRITE) == sorted(REWRITE)
     assert heavy(modules, ("rich",)) == ["rich"]
     assert own(modules_after(tmp_path, ["--help"], "import pto_patch.model.locate")) == sorted(
-        [*HELP_MODULES, "pto_patch.model", "pto_patch.model.locate", "pto_patch.model.spec", "pto_patch.resources"]
+        [
+            *HELP_MODULES,
+            "pto_patch.model",
+            "pto_patch.model.locate",
+            "pto_patch.model.spec",
+            "pto_patch.resources",
+        ]
     )
 
 
