@@ -119,7 +119,7 @@ def whole_process(
 
 
 def engine_only(template: Path, work: Path, rounds: int) -> dict[str, list[float]]:
-    from pto_patch import engine
+    from pto_patch.patching import engine
 
     times: dict[str, list[float]] = {"engine_apply_s": [], "engine_restore_s": []}
     for round_index in range(rounds):
@@ -148,8 +148,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from pto_patch.locate import installed_transformers_release
-    from pto_patch.tiny_model import make_tiny
+    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.model.locate import installed_transformers_release
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -52,9 +52,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="pto-bench-e2e-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))  # before transformers is imported
-    from pto_patch import engine, tiny_model
-    from pto_patch.bench import BenchOptions, run_bench
-    from pto_patch.tune import TuneOptions, run_tune
+    from pto_patch.hub import tiny_model
+    from pto_patch.patching import engine
+    from pto_patch.run.bench import BenchOptions, run_bench
+    from pto_patch.tune.tuning import TuneOptions, run_tune
 
     try:
         folder = args.model_path

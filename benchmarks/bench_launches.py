@@ -91,7 +91,8 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))
-    from pto_patch import engine, tiny_model
+    from pto_patch.hub import tiny_model
+    from pto_patch.patching import engine
 
     layers = sorted(int(n) for n in args.layers.split(","))
     counts = {}

@@ -1,3 +1,3 @@
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 
 main()

@@ -1,6 +1,6 @@
 """Every error the user can meet, each with a one-line message, a hint and an exit code.
 
-The CLI turns these into output in one place (`pto_patch.console.report_error`); nothing
+The CLI turns these into output in one place (`pto_patch.cli.console.report_error`); nothing
 else prints errors.
 """
 

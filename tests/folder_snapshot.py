@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pto_patch.folder_hashes import folder_hashes
+from pto_patch.patching.folder_hashes import folder_hashes
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.cli import main
-from pto_patch.ocr_inputs import sample_image
-from pto_patch.spec import load_spec
+from pto_patch.cli.app import main
+from pto_patch.model.spec import load_spec
+from pto_patch.run.ocr_inputs import sample_image
 from tests.folder_snapshot import snapshot
 
 # One warm-up-free timed run of two new tokens: enough to compare logits, tokens and calls per op.

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine, fileio
 from pto_patch.errors import EXIT_OK
+from pto_patch.patching import engine, fileio
 from tests.folder_snapshot import snapshot
 from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
@@ -49,7 +49,7 @@ def with_modeling(data: bytes, name: str = "modeling_qwen2_5_vl.py") -> Callable
 
 
 def _installed_modeling() -> bytes:
-    from pto_patch.locate import installed_transformers_dir
+    from pto_patch.model.locate import installed_transformers_dir
 
     return (installed_transformers_dir() / "models" / "qwen2_5_vl" / "modeling_qwen2_5_vl.py").read_bytes()
 

@@ -1,4 +1,4 @@
-"""pto_patch.cli_values coerces str, bool and Path options exactly as typer does, without pydantic:
+"""pto_patch.cli.values coerces str, bool and Path options exactly as typer does, without pydantic:
 the same value (and type) or the same error, for every option of every command, on a corpus of
 values. A typer that changes its coercion fails here."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from pto_patch import cli_values
-from pto_patch.cli import app
+from pto_patch.cli import values as cli_values
+from pto_patch.cli.app import app
 
 pytestmark = pytest.mark.skipif(cli_values.RuntimeParam is None, reason="this typer coerces with click types")
 

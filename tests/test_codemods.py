@@ -9,18 +9,18 @@ from textwrap import dedent
 import libcst as cst
 import pytest
 
-from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
-from pto_patch.codemods.absolute_imports import AbsoluteImports
-from pto_patch.codemods.banner import Banner
-from pto_patch.codemods.checkpoint_conversion import REGISTER_FUNCTION, CheckpointConversion
-from pto_patch.codemods.inject_mrope import InjectMrope
-from pto_patch.codemods.inject_rms_norm import InjectRmsNorm
-from pto_patch.codemods.inject_swiglu_mlp import InjectSwigluMlp
-from pto_patch.codemods.node_walk import copy_on_write, find_all
-from pto_patch.codemods.rename_classes import RenameClasses
 from pto_patch.errors import AnchorNotFoundError, SpecError
-from pto_patch.injections_found import find_injections
-from pto_patch.spec import load_spec
+from pto_patch.model.injections_found import find_injections
+from pto_patch.model.spec import load_spec
+from pto_patch.patching.codemods import PatchContext, rewrite_configuration, rewrite_modeling
+from pto_patch.patching.codemods.absolute_imports import AbsoluteImports
+from pto_patch.patching.codemods.banner import Banner
+from pto_patch.patching.codemods.checkpoint_conversion import REGISTER_FUNCTION, CheckpointConversion
+from pto_patch.patching.codemods.inject_mrope import InjectMrope
+from pto_patch.patching.codemods.inject_rms_norm import InjectRmsNorm
+from pto_patch.patching.codemods.inject_swiglu_mlp import InjectSwigluMlp
+from pto_patch.patching.codemods.node_walk import copy_on_write, find_all
+from pto_patch.patching.codemods.rename_classes import RenameClasses
 from tests.test_codemods_blocks import DECODER
 
 FILE = "modeling_qwen2_5_vl.py"

@@ -9,13 +9,13 @@ import libcst as cst
 import pytest
 import torch
 
-from pto_patch.codemods.inject_attention_prologue import InjectAttentionPrologue
-from pto_patch.codemods.inject_mlp_block import InjectMlpBlock
-from pto_patch.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
 from pto_patch.errors import AnchorNotFoundError
-from pto_patch.injections_found import find_injections
-from pto_patch.patch_context import PatchContext
-from pto_patch.spec import load_spec
+from pto_patch.model.injections_found import find_injections
+from pto_patch.model.spec import load_spec
+from pto_patch.patching.codemods.inject_attention_prologue import InjectAttentionPrologue
+from pto_patch.patching.codemods.inject_mlp_block import InjectMlpBlock
+from pto_patch.patching.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
+from pto_patch.patching.patch_context import PatchContext
 
 FILE = "modeling_qwen2_5_vl.py"
 

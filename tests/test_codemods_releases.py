@@ -12,9 +12,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from pto_patch.codemods import PatchContext, rewrite_configuration, rewrite_modeling
-from pto_patch.injections_found import find_injections
-from pto_patch.spec import OPS, load_spec
+from pto_patch.model.injections_found import find_injections
+from pto_patch.model.spec import OPS, load_spec
+from pto_patch.patching.codemods import PatchContext, rewrite_configuration, rewrite_modeling
 from tests.release_sources import FILES, RELEASES, ReleaseUnavailable, installed_folder
 
 SPEC = load_spec("gutenocr_3b")

@@ -108,7 +108,7 @@ model = AutoModelForImageTextToText.from_pretrained(
     folder, trust_remote_code=True, dtype=torch.float32, attn_implementation="sdpa"
 ).eval()
 import pto_kernels
-from pto_patch import ocr_inputs
+from pto_patch.run import ocr_inputs
 
 ids = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
 

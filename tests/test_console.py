@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pto_patch.console import report_error
+from pto_patch.cli.console import report_error
 from pto_patch.errors import EXIT_DRIFTED, DriftError, PtoPatchError
 
 
@@ -63,7 +63,7 @@ def rich_prints(text: str, **options) -> str:
 
 @pytest.mark.parametrize("stderr", [False, True])
 def test_a_plain_line_is_printed_as_rich_would_print_it_without_rich(capsys, stderr):
-    from pto_patch.console import _Console, is_plain
+    from pto_patch.cli.console import _Console, is_plain
 
     console = _Console(stderr=stderr)
     for text in PLAIN_LINES:
@@ -76,7 +76,7 @@ def test_a_plain_line_is_printed_as_rich_would_print_it_without_rich(capsys, std
 
 
 def test_a_line_rich_would_change_goes_through_rich(capsys):
-    from pto_patch.console import _Console, is_plain
+    from pto_patch.cli.console import _Console, is_plain
 
     console = _Console(stderr=False)
     for text in RICH_LINES:

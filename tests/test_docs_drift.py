@@ -18,7 +18,7 @@ import typer
 import typer.main
 
 from pto_patch import errors
-from pto_patch.cli import app
+from pto_patch.cli.app import app
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions

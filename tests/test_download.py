@@ -14,13 +14,13 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from pto_patch import download as download_engine
-from pto_patch import hub_errors
-from pto_patch.cli import main
-from pto_patch.download import DOWNLOAD_RECORD, download_model
+from pto_patch.cli.app import main
 from pto_patch.errors import DownloadError
-from pto_patch.spec import load_spec
-from pto_patch.tiny_model import make_tiny
+from pto_patch.hub import download as download_engine
+from pto_patch.hub import hub_errors
+from pto_patch.hub.download import DOWNLOAD_RECORD, download_model
+from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.model.spec import load_spec
 from tests.folder_snapshot import snapshot
 from tests.local_hub import LocalHub, read_folder
 
@@ -128,7 +128,7 @@ def test_model_id_output_dir_from_env_and_status_shows_commit(
     assert result.folder == (tmp_path / "from_env").resolve()
     assert result.repo_id == "local/big"
 
-    from pto_patch import engine
+    from pto_patch.patching import engine
 
     status = engine.model_status(model_path=result.folder)
     assert status.download is not None and status.download["commit"] == result.commit
@@ -378,7 +378,7 @@ def test_cli_text_output_and_include(hub: LocalHub, tmp_path: Path, capsys) -> N
 
 
 def test_download_apply_verify_restore_end_to_end(hub: LocalHub, tmp_path: Path) -> None:
-    from pto_patch import engine
+    from pto_patch.patching import engine
 
     result = download_model(output_dir=tmp_path / "model")
     downloaded = snapshot(result.folder)
@@ -430,8 +430,8 @@ def test_an_output_dir_under_a_file_is_one_line_and_a_hint(hub: LocalHub, tmp_pa
 
 
 def test_a_folder_another_pto_patch_works_on_is_refused_at_once(hub: LocalHub, tmp_path: Path) -> None:
-    from pto_patch import folder_lock
     from pto_patch.errors import FolderBusyError
+    from pto_patch.patching import folder_lock
     from tests.test_folder_lock import Holder
 
     folder = tmp_path / "m"

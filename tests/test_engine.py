@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine, fileio
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError, SpecError
-from pto_patch.manifest import Manifest, drifted_files
-from pto_patch.spec import OPS
+from pto_patch.model.spec import OPS
+from pto_patch.patching import engine, fileio
+from pto_patch.patching.manifest import Manifest, drifted_files
 from tests.folder_snapshot import snapshot
 
 HUB_CONFIG = {
@@ -91,7 +91,7 @@ def test_crlf_files_and_symbolic_links_survive(tmp_path: Path):
 
 
 def test_folder_shipping_its_own_crlf_modeling_file(model_folder: Path):
-    from pto_patch.locate import installed_transformers_dir
+    from pto_patch.model.locate import installed_transformers_dir
 
     source = installed_transformers_dir() / "models" / "qwen2_5_vl" / "modeling_qwen2_5_vl.py"
     crlf = source.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")
@@ -267,7 +267,7 @@ def test_unknown_model_lists_the_known_ones(model_folder: Path, capsys):
 
 
 def test_missing_transformers_is_an_error_and_writes_nothing(model_folder: Path, monkeypatch, capsys):
-    import pto_patch.locate as locate
+    import pto_patch.model.locate as locate
 
     monkeypatch.setattr(locate, "installed_transformers_release", lambda: None)
     before = snapshot(model_folder)
@@ -279,7 +279,7 @@ def test_missing_transformers_is_an_error_and_writes_nothing(model_folder: Path,
 def test_the_installed_release_is_read_as_importlib_metadata_reads_it(tmp_path: Path, monkeypatch):
     import importlib.metadata
 
-    from pto_patch.locate import installed_transformers_release
+    from pto_patch.model.locate import installed_transformers_release
 
     assert installed_transformers_release() == importlib.metadata.version("transformers")
     for kind, file_name in ((".egg-info", "PKG-INFO"), (".dist-info", "METADATA")):
@@ -317,7 +317,7 @@ def test_status_reports_release_change_and_drift(model_folder: Path, monkeypatch
     assert status.patched and not status.drifted and not status.needs_reapply
     assert set(status.ops_found) == set(OPS)
     (model_folder / "pto_kernels" / "__init__.py").write_text("# replaced\n")
-    from pto_patch import folder_status
+    from pto_patch.patching import folder_status
 
     monkeypatch.setattr(folder_status, "installed_transformers_release", lambda: "9.9.9")
     status = engine.model_status(model_path=model_folder)

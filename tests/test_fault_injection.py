@@ -1,6 +1,6 @@
 """Deterministic fault injection: every file operation of an apply and of a restore, made to fail.
 
-The file layer (pto_patch/fileio.py) passes one checkpoint per write, rename, link and remove; a
+The file layer (pto_patch/patching/fileio.py) passes one checkpoint per write, rename, link and remove; a
 `FaultPlan` armed there fails the Nth one. Each sweep runs the command once to count its
 operations, then once per N and per kind of fault:
 
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine, fileio
 from pto_patch.errors import PtoPatchError
-from pto_patch.manifest import MANIFEST_DIR, Manifest
+from pto_patch.patching import engine, fileio
+from pto_patch.patching.manifest import MANIFEST_DIR, Manifest
 from tests.folder_snapshot import snapshot
 from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG, run_cli
@@ -44,13 +44,13 @@ PASSING = (errno.ENOSPC, errno.EIO, errno.EACCES)
 
 
 def _modeling_source() -> bytes:
-    from pto_patch.locate import installed_transformers_dir
+    from pto_patch.model.locate import installed_transformers_dir
 
     return (installed_transformers_dir() / "models" / "qwen2_5_vl" / "modeling_qwen2_5_vl.py").read_bytes()
 
 
 def _configuration_source() -> bytes:
-    from pto_patch.locate import installed_transformers_dir
+    from pto_patch.model.locate import installed_transformers_dir
 
     return (
         installed_transformers_dir() / "models" / "qwen2_5_vl" / "configuration_qwen2_5_vl.py"
@@ -260,9 +260,9 @@ def test_every_fault_of_a_restore(layouts, kind: str, planned_once):
 # The pto-patch command line, with the fault hook armed to SIGKILL the process at operation N.
 KILLED_AT = """
 import sys
-from pto_patch import fileio
+from pto_patch.patching import fileio
 fileio.arm(fileio.FaultPlan(nth=int(sys.argv[1]), kill=True))
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 main(sys.argv[2:])
 """
 KILLS_PER_COMMAND = 4
@@ -321,7 +321,7 @@ def replace(source, target, *args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
     return real_replace(source, target, *args, **kwargs)
 os.replace = replace
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 main(sys.argv[2:])
 """
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.fileio import sha256_bytes
-from pto_patch.folder_hashes import folder_hashes, tree_hash
+from pto_patch.patching.fileio import sha256_bytes
+from pto_patch.patching.folder_hashes import folder_hashes, tree_hash
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine, folder_lock
 from pto_patch.errors import FolderBusyError
+from pto_patch.patching import engine, folder_lock
 from tests.folder_snapshot import snapshot
 from tests.robustness_counts import COUNTS
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
@@ -36,7 +36,7 @@ def model_folder(tmp_path: Path) -> Path:
 # Takes the lock in the mode given, says so, and holds it until stdin closes (or it is killed).
 HOLDER = """
 import sys
-from pto_patch import folder_lock
+from pto_patch.patching import folder_lock
 with folder_lock.locked(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()
@@ -195,7 +195,7 @@ def test_applies_at_once_share_the_rewrite_cache(tmp_path: Path, rewrite_cache_d
     """Three applies of one release at once on three folders: all rewrite and save the same entries
     together (an empty cache), then three more all reuse them; every folder is what apply writes
     without a cache, and every entry is whole."""
-    from pto_patch.rewrite_cache import RewriteCache
+    from pto_patch.patching.rewrite_cache import RewriteCache
 
     reference = tmp_path / "reference"
     reference.mkdir()

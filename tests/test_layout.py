@@ -6,8 +6,13 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pto_patch"
-# The proving commands; what they share lives in pto_patch.run and pto_patch.report.
-COMMAND_MODULES = ("pto_patch.verify", "pto_patch.bench", "pto_patch.demo", "pto_patch.tune")
+# The proving commands; what they share lives in pto_patch.run and pto_patch.run.report.
+COMMAND_MODULES = (
+    "pto_patch.run.verify",
+    "pto_patch.run.bench",
+    "pto_patch.run.demo",
+    "pto_patch.tune.tuning",
+)
 MAX_LINES = 600
 
 
@@ -25,15 +30,15 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_no_command_module_imports_another():
     for name in COMMAND_MODULES:
-        path = PACKAGE / f"{name.rsplit('.', 1)[1]}.py"
+        path = PACKAGE.parent / f"{name.replace('.', '/')}.py"
         others = imported_modules(path) & (set(COMMAND_MODULES) - {name})
         assert not others, f"{name} imports {sorted(others)}: move what they share into pto_patch.run"
 
 
 def test_the_import_check_sees_imports_inside_functions(tmp_path: Path):
     source = tmp_path / "x.py"
-    source.write_text("def f():\n    from pto_patch import verify\n", encoding="utf-8")
-    assert "pto_patch.verify" in imported_modules(source)
+    source.write_text("def f():\n    from pto_patch.run import verify\n", encoding="utf-8")
+    assert "pto_patch.run.verify" in imported_modules(source)
 
 
 def test_no_module_is_longer_than_the_limit():
@@ -47,7 +52,12 @@ def test_no_module_is_longer_than_the_limit():
 
 def test_one_renderer_knows_every_command_result():
     """`render.show` picks text or JSON for every result a command returns; nothing else prints them."""
-    from pto_patch import download, engine, model_catalog, render, report, skill, tiny_model, vllm_verify
+    from pto_patch.cli import render, skill
+    from pto_patch.hub import download, tiny_model
+    from pto_patch.model import catalog as model_catalog
+    from pto_patch.patching import engine
+    from pto_patch.run import report
+    from pto_patch.serving import vllm_verify
 
     results = (
         engine.ApplyResult,
@@ -64,5 +74,5 @@ def test_one_renderer_knows_every_command_result():
         vllm_verify.VllmVerifyReport,
     )
     assert set(render.TEXT) == {result.__name__ for result in results}
-    cli_source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    cli_source = (PACKAGE / "cli" / "app.py").read_text(encoding="utf-8")
     assert "print_json(document" not in cli_source and "if as_json:" not in cli_source.split("def main")[0]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine
 from pto_patch.errors import ModelFolderError
+from pto_patch.patching import engine
 from tests.folder_snapshot import snapshot
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
 

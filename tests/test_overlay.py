@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine, fileio
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
-from pto_patch.fileio import sha256_file
-from pto_patch.manifest import Manifest
-from pto_patch.overlay import record_of
-from pto_patch.tiny_model import make_tiny
+from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.patching import engine, fileio
+from pto_patch.patching.fileio import sha256_file
+from pto_patch.patching.manifest import Manifest
+from pto_patch.patching.overlay import record_of
 from tests.folder_snapshot import snapshot
 from tests.spec_pipeline import QUICK, page_image, run_in_fresh_process
 
@@ -308,7 +308,7 @@ AUDIT_GUARD = textwrap.dedent(
             os.write(2, f"WRITE TO SOURCE: {event} {args[:2]}\\n".encode()); os._exit(97)
 
     sys.addaudithook(hook)
-    from pto_patch.cli import main
+    from pto_patch.cli.app import main
     for command in commands:
         try:
             main(command)

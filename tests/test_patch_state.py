@@ -7,11 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine
 from pto_patch.errors import ModelFolderError
-from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
-from pto_patch.patch_state import COMPLETE, DRIFTED, IN_PROGRESS, NONE, patch_state, state_before_writing
-from pto_patch.tiny_model import make_tiny
+from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.patching import engine
+from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
+from pto_patch.patching.patch_state import (
+    COMPLETE,
+    DRIFTED,
+    IN_PROGRESS,
+    NONE,
+    patch_state,
+    state_before_writing,
+)
 
 
 @pytest.fixture(scope="module")

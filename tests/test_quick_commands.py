@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine
+from pto_patch.patching import engine
 from tests.test_engine import HUB_CONFIG, write_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,26 +30,40 @@ HEAVY = (
     "transformers",
     "pydantic",
     "huggingface_hub",
-    "pto_patch.run",
-    "pto_patch.codemods",
+    "pto_patch.patching.codemods",
+    # what runs a model; not its report, which is data (every --json document is shaped there)
+    *sorted(
+        f"pto_patch.run.{path.stem}"
+        for path in (REPO / "pto_patch" / "run").glob("*.py")
+        if path.stem not in ("__init__", "report")
+    ),
+    "pto_patch.tune",
+    "pto_patch.serving",
 )
 # The rewrite's own modules: only apply needs them.
-REWRITE = ("pto_patch.engine", "pto_patch.config_fix", "pto_patch.patch_context", "pto_patch.rewrite_cache")
+REWRITE = (
+    "pto_patch.patching.engine",
+    "pto_patch.patching.plan",
+    "pto_patch.patching.config_fix",
+    "pto_patch.patching.patch_context",
+    "pto_patch.patching.rewrite_cache",
+)
 # All of pto_patch that --help needs.
 HELP_MODULES = [
     "pto_patch",
     "pto_patch.cli",
-    "pto_patch.cli_values",
-    "pto_patch.console",
+    "pto_patch.cli.app",
+    "pto_patch.cli.console",
+    "pto_patch.cli.lazy_commands",
+    "pto_patch.cli.values",
     "pto_patch.errors",
-    "pto_patch.lazy_commands",
 ]
 
 # Runs the command line after `setup`, then writes the names of every module imported to a file.
 COMMAND_THEN_MODULES = """
 import json, sys
 exec(sys.argv[2])
-from pto_patch.cli import main
+from pto_patch.cli.app import main
 try:
     main(sys.argv[3:])
 except SystemExit:
@@ -134,36 +148,41 @@ def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: P
     other.mkdir()
     write_config(other, HUB_CONFIG)
     rewrote = modules_after(tmp_path, ["apply", "--json", "--ops", "mrope", "--model-path", str(other)])
-    assert heavy(rewrote) == ["libcst", "pto_patch.codemods"]
+    assert heavy(rewrote) == ["libcst", "pto_patch.patching.codemods"]
     assert "libcst.matchers" not in rewrote  # plain node checks: its import alone cost 0.6 s
 
 
 def test_the_check_sees_an_import_made_eager(tmp_path: Path, patched: Path):
-    """What a module-level `import pto_patch.codemods` in the engine would do to status."""
-    modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.codemods")
-    assert heavy(modules) == ["libcst", "pto_patch.codemods"]
+    """What a module-level `import pto_patch.patching.codemods` in the engine would do to status."""
+    modules = modules_after(
+        tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.patching.codemods"
+    )
+    assert heavy(modules) == ["libcst", "pto_patch.patching.codemods"]
 
 
 def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: Path):
     """What `status` importing the engine again, or rich for --json, would do."""
-    setup = "import pto_patch.engine, rich.console"
+    setup = "import pto_patch.patching.engine, rich.console"
     modules = modules_after(tmp_path, ["status", "--json", "--model-path", str(patched)], setup)
     assert heavy(modules, REWRITE) == sorted(REWRITE)
     assert heavy(modules, ("rich",)) == ["rich"]
-    assert own(modules_after(tmp_path, ["--help"], "import pto_patch.locate")) == [
-        *HELP_MODULES,
-        "pto_patch.locate",
-        "pto_patch.resources",
-        "pto_patch.spec",
-    ]
+    assert own(modules_after(tmp_path, ["--help"], "import pto_patch.model.locate")) == sorted(
+        [
+            *HELP_MODULES,
+            "pto_patch.model",
+            "pto_patch.model.locate",
+            "pto_patch.model.spec",
+            "pto_patch.resources",
+        ]
+    )
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("typer._adapters") is None, reason="this typer coerces without pydantic"
 )
 def test_the_check_sees_pydantic_when_options_go_through_typer(tmp_path: Path, patched: Path):
-    """Without pto_patch.cli_values, this typer builds a pydantic adapter for the first option value."""
-    off = "import pto_patch.cli_values as values; values.plain_type = lambda param: None"
+    """Without pto_patch.cli.values, this typer builds a pydantic adapter for the first option value."""
+    off = "import pto_patch.cli.values as values; values.plain_type = lambda param: None"
     modules = modules_after(tmp_path, ["status", "--model-path", str(patched)], off)
     assert heavy(modules) == ["pydantic"]
 
@@ -203,8 +222,8 @@ def test_the_lazy_app_has_every_command_of_the_whole_app_and_builds_only_what_a_
     commands builds none of them, running one builds that one."""
     import typer.main
 
-    from pto_patch.cli import app
-    from pto_patch.lazy_commands import LazyGroup, lazy_app
+    from pto_patch.cli.app import app
+    from pto_patch.cli.lazy_commands import LazyGroup, lazy_app
 
     assert group_help(lazy_app(app)) == group_help(app)
     assert command_infos(lazy_app(app)) == command_infos(app)
@@ -220,8 +239,8 @@ def test_the_lazy_app_has_every_command_of_the_whole_app_and_builds_only_what_a_
 
 
 def test_the_listing_check_sees_a_different_short_help(monkeypatch):
-    from pto_patch.cli import app
-    from pto_patch.lazy_commands import LazyCommands, lazy_app
+    from pto_patch.cli.app import app
+    from pto_patch.cli.lazy_commands import LazyCommands, lazy_app
 
     whole_help = group_help(app)
     monkeypatch.setattr(LazyCommands, "listed", lambda self, name: self[name].__class__(name=name, help="x"))

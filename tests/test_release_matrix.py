@@ -39,10 +39,10 @@ facts = {
     "tokenizers": tokenizers.__version__,
 }
 
-from pto_patch import engine
-from pto_patch.manifest import Manifest
-from pto_patch.ocr_inputs import build_inputs, sample_image
-from pto_patch.tiny_model import make_tiny
+from pto_patch.patching import engine
+from pto_patch.patching.manifest import Manifest
+from pto_patch.run.ocr_inputs import build_inputs, sample_image
+from pto_patch.hub.tiny_model import make_tiny
 from tests.folder_snapshot import snapshot
 
 make_tiny(folder)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import codemods, engine, rewrite_cache
-from pto_patch.codemods import PatchContext
-from pto_patch.rewrite_cache import RewriteCache, cache_dir, rewrite_key
-from pto_patch.spec import load_spec
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import codemods, engine, rewrite_cache
+from pto_patch.patching.codemods import PatchContext
+from pto_patch.patching.rewrite_cache import RewriteCache, cache_dir, rewrite_key
 from tests.folder_snapshot import snapshot
 from tests.test_engine import HUB_CONFIG, run_cli, write_config
 

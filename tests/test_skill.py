@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import skill
-from pto_patch.cli import main
+from pto_patch.cli import skill
+from pto_patch.cli.app import main
 from pto_patch.errors import PtoPatchError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.spec import known_specs, load_spec, specs_dir
+from pto_patch.model.spec import known_specs, load_spec, specs_dir
 from tests.spec_pipeline import apply_verify_restore, run_in_process
 
 pytest.importorskip("torch")

@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import cli, engine
+from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
-from pto_patch.fileio import sha256_file
-from pto_patch.manifest import Manifest
-from pto_patch.run.options import RunOptions
-from pto_patch.spec import OPS as SPEC_OPS
-from pto_patch.tiny_model import make_tiny
-from pto_patch.tune import TuneOptions, backends_to_try, check_tune_options
-from pto_patch.tuning_file import (
+from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.model.spec import OPS as SPEC_OPS
+from pto_patch.patching import engine
+from pto_patch.patching.fileio import sha256_file
+from pto_patch.patching.manifest import Manifest
+from pto_patch.patching.tuning_file import (
     CHANGED_SINCE_TUNE,
     NOT_A_PLAIN_FILE,
     NOT_RECORDED,
@@ -38,6 +37,8 @@ from pto_patch.tuning_file import (
     find_tuning,
     write_tuning,
 )
+from pto_patch.run.options import RunOptions
+from pto_patch.tune.tuning import TuneOptions, backends_to_try, check_tune_options
 from tests.folder_snapshot import snapshot
 from tests.test_tune_selection import lucky_then_even
 
@@ -50,7 +51,7 @@ QUICK = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--iters"
 
 AFTER_LOAD = """
 import sys
-from pto_patch import cli
+from pto_patch.cli import app as cli
 from pto_patch.run import loading
 
 _change, _load_model = sys.argv.pop(1), loading.load_model
@@ -310,7 +311,7 @@ def test_a_manifest_record_pointing_outside_the_folder_is_never_followed(patched
 
 
 def _status(folder: Path) -> dict:
-    from pto_patch.report import json_document
+    from pto_patch.run.report import json_document
 
     return json_document(engine.model_status(model_path=folder))
 
@@ -474,7 +475,7 @@ def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: P
 
 
 def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_path: Path):
-    from pto_patch import folder_lock
+    from pto_patch.patching import folder_lock
 
     with folder_lock.exclusive(patched_tiny):
         done = run_cli(["tune", "--model-path", str(patched_tiny), "--json"], tmp_path)
@@ -536,8 +537,13 @@ def test_apply_tuning_reads_a_tuning_that_records_no_dtype():
 
 
 def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
-    from pto_patch import tune_selection as ts
-    from pto_patch.tune import DECIDED_NOT_CONFIRMED, DECIDED_OUT_OF_TIME, batch_entry, undecided_warning
+    from pto_patch.tune import selection as ts
+    from pto_patch.tune.tuning import (
+        DECIDED_NOT_CONFIRMED,
+        DECIDED_OUT_OF_TIME,
+        batch_entry,
+        undecided_warning,
+    )
 
     now = [0.0]
 
@@ -577,9 +583,9 @@ def test_a_batch_the_budget_cut_short_is_a_warning_with_a_hint():
 def test_the_text_report_shows_the_winner_measured_again(monkeypatch):
     from rich.console import Console
 
-    from pto_patch import tune_render
-    from pto_patch import tune_selection as ts
-    from pto_patch.tune import batch_entry
+    from pto_patch.cli import tune_render
+    from pto_patch.tune import selection as ts
+    from pto_patch.tune.tuning import batch_entry
 
     entry = batch_entry(
         ts.decide_batch(4, [ts.Candidate.of({"swiglu_mlp": "fused"})], lucky_then_even(5), ts.Rules(warmup=0))

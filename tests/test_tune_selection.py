@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import tune_selection as ts
+from pto_patch.tune import selection as ts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402

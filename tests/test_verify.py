@@ -21,25 +21,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch import bench, cli, engine, verify
+from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
-from pto_patch.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
-from pto_patch.ocr_inputs import sample_image
-from pto_patch.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
-from pto_patch.run import device, loading
+from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import engine
+from pto_patch.patching.folder_kernels import import_folder_kernels
+from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
+from pto_patch.run import bench, device, loading, verify
 from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
-from pto_patch.run.folder import check_folder, import_folder_kernels
+from pto_patch.run.folder import check_folder
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
 from pto_patch.run.inputs import OCR_PROMPT
 from pto_patch.run.loading import fix_rope_config, load_failures
+from pto_patch.run.ocr_inputs import sample_image
 from pto_patch.run.ops import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
+from pto_patch.run.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
 from pto_patch.run.verification import VerifyOptions
-from pto_patch.spec import load_spec
-from pto_patch.tiny_model import make_tiny
-from pto_patch.vllm_verify import VllmVerifyOptions
+from pto_patch.serving.vllm_verify import VllmVerifyOptions
 
 FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8"]
 SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
@@ -74,7 +76,7 @@ def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
 # change as Python source run with `model` bound; start_run looks load_model up at call time.
 AFTER_LOAD = """
 import sys
-from pto_patch import cli
+from pto_patch.cli import app as cli
 from pto_patch.run import loading
 
 _change, _load_model = sys.argv.pop(1), loading.load_model
@@ -264,7 +266,7 @@ def test_the_cli_parameters_are_the_options_fields():
         engine_choice = {"engine", "multiprocessing"} if command is cli.verify else set()  # see below
         assert set(inspect.signature(command).parameters) - {"as_json"} - engine_choice == fields
         assert shared <= fields
-    # verify --engine vllm takes verify's parameters by the same names (pto_patch/vllm_verify.py)
+    # verify --engine vllm takes verify's parameters by the same names (pto_patch/serving/vllm_verify.py)
     vllm_fields = {field.name for field in dataclasses.fields(VllmVerifyOptions)}
     assert vllm_fields <= set(inspect.signature(cli.verify).parameters)
 

@@ -9,10 +9,10 @@ import pytest
 import stand_in_vllm as vllm
 import torch
 
-from pto_patch import vllm_plugin
 from pto_patch.errors import EXIT_USAGE
-from pto_patch.vllm_layers import PLATFORM_FORWARDS, is_pto_layer
-from pto_patch.vllm_plugin import SERVED_OPS, PluginSettingsError, plugin_settings, take_turn
+from pto_patch.serving import vllm_plugin
+from pto_patch.serving.vllm_layers import PLATFORM_FORWARDS, is_pto_layer
+from pto_patch.serving.vllm_plugin import SERVED_OPS, PluginSettingsError, plugin_settings, take_turn
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -127,7 +127,7 @@ def test_every_platform_path_runs_pto_kernels_and_computes_what_vllms_class_does
 
 
 def test_every_forward_vllm_dispatches_to_is_routed():
-    from pto_patch.vllm_layers import PtoLayer
+    from pto_patch.serving.vllm_layers import PtoLayer
 
     assert {name for name in dir(vllm.CustomOp) if name.startswith("forward_")} <= set(PLATFORM_FORWARDS)
     for name in PLATFORM_FORWARDS:

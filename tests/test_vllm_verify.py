@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch import engine
 from pto_patch.errors import EXIT_USAGE, PtoPatchError, SpecError
-from pto_patch.report import json_document
-from pto_patch.tiny_model import TextWidths, make_tiny, model_config
-from pto_patch.vllm_verify import VllmVerifyOptions, compare_tokens, verify_with_vllm
+from pto_patch.hub.tiny_model import TextWidths, make_tiny, model_config
+from pto_patch.patching import engine
+from pto_patch.run.report import json_document
+from pto_patch.serving.vllm_verify import VllmVerifyOptions, compare_tokens, verify_with_vllm
 
 
 def _cli(args: list[str], **extra: str) -> subprocess.CompletedProcess:
@@ -52,8 +52,8 @@ def test_make_tiny_refuses_widths_the_section_does_not_scale_to():
 
 
 def model_config_for(widths: TextWidths):
-    from pto_patch.spec import load_spec
-    from pto_patch.tiny_model import _sizes
+    from pto_patch.hub.tiny_model import _sizes
+    from pto_patch.model.spec import load_spec
 
     return _sizes(load_spec("gutenocr_3b"), False, None, widths)
 
@@ -123,7 +123,7 @@ def test_token_comparison_passes_only_on_equal_tokens():
 
 
 def _report(tokens_equal: bool):
-    from pto_patch.vllm_verify import VllmVerifyReport
+    from pto_patch.serving.vllm_verify import VllmVerifyReport
 
     mode = {"load_s": 6.1, "latency_s": 0.06, "tokens_per_s": 130.0, "worker_pids": [11], "ops": {}}
     ops = {
@@ -142,7 +142,7 @@ def _report(tokens_equal: bool):
 
 @pytest.mark.parametrize("tokens_equal", [True, False])
 def test_the_text_report_shows_calls_layers_agreement_and_the_verdict(tokens_equal, capsys):
-    from pto_patch import render
+    from pto_patch.cli import render
 
     report = _report(tokens_equal)
     render.show(report, as_json=False)
@@ -183,7 +183,7 @@ def _entry(calls: int, fallbacks: int = 0) -> dict:
 def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, monkeypatch, strict: bool):
     """Stray calls in the baseline, an op that never ran and a fallback: each its own failure (the fallback
     only with --strict); the runs themselves are canned here, the lane runs vLLM."""
-    from pto_patch import vllm_verify
+    from pto_patch.serving import vllm_verify
 
     runs = {
         "baseline": _engine_run({"rms_norm": _entry(3)}, [[1, 2, 3]]),
@@ -200,7 +200,7 @@ def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, monkeypatch, str
 
 
 def test_a_clean_report_passes(tiny: Path, monkeypatch):
-    from pto_patch import vllm_verify
+    from pto_patch.serving import vllm_verify
 
     ops = {op: _entry(5) for op in ("rms_norm", "mrope", "swiglu_mlp")}
     runs = {"baseline": _engine_run({}, [[1, 2]]), "pto": _engine_run(ops, [[1, 2]])}

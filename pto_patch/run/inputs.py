@@ -41,7 +41,7 @@ def check_image(image: Path) -> None:
 def encode_prompt(loaded: LoadedModel, prompt: str | None, image: Path | None, simple_prompt: bool):
     """Tokenised inputs for one sequence of `loaded` (through the model's chat template and image
     processor), plus a description for the report."""
-    from pto_patch import ocr_inputs
+    from pto_patch.run import ocr_inputs
 
     tokenizer = loaded.tokenizer
     if image is not None:

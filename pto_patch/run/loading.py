@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch import __version__
-from pto_patch.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.errors import ModelFolderError
-from pto_patch.model_folder import ModelConfig
-from pto_patch.report import LoadInfo, OtherPatcher
+from pto_patch.model.folder import ModelConfig
+from pto_patch.model.spec import ModelSpec
+from pto_patch.patching.config_fix import ROPE_KEYS, choose_mrope_section
+from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
-from pto_patch.run.folder import FolderState, check_folder, import_folder_kernels
-from pto_patch.spec import ModelSpec
+from pto_patch.run.folder import FolderState, check_folder
+from pto_patch.run.report import LoadInfo, OtherPatcher
 
 _ROPE_DATA_KEYS = ("head_dim", "hidden_size", "num_attention_heads", *ROPE_KEYS)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pto_patch.report import OpReport
+from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, default_run_ops, parse_ops
 from pto_patch.run.folder import FolderState
-from pto_patch.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, default_run_ops, parse_ops
+from pto_patch.run.report import OpReport
 
 KERNEL_BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model.spec import ModelSpec, parse_ops
 from pto_patch.run.device import dtype_key
 from pto_patch.run.ops import KERNEL_BACKENDS
-from pto_patch.spec import ModelSpec, parse_ops
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-from pto_patch.report import OtherPatcher
-from pto_patch.spec import ModelSpec
+from pto_patch.model.spec import ModelSpec
+from pto_patch.run.report import OtherPatcher
 
 OTHER_PATCHER_HINT = "load the model without the other patcher, or `pto-patch restore` and apply after it"
 
@@ -51,7 +51,7 @@ def _guard_targets(module, switches: dict[str, str]) -> dict[str, list[str]]:
     """{name: [op]} for each class or function of the patched module that carried guards when apply wrote
     it (a decoder layer carries one per block): read from the module's source (so a forward replaced since
     still counts), and by behaviour."""
-    from pto_patch.injections_found import find_injections
+    from pto_patch.model.injections_found import find_injections
 
     targets: dict[str, list[str]] = {}
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto_patch import folder_lock
+from pto_patch.model.spec import load_spec
+from pto_patch.patching import folder_lock
 from pto_patch.run import loading
 from pto_patch.run.device import resolve_device
 from pto_patch.run.inputs import check_image
@@ -13,7 +14,6 @@ from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_options
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
-from pto_patch.spec import load_spec
 
 
 @dataclass
@@ -28,7 +28,7 @@ class StartedRun:
 def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     """Usage errors first, then the folder and --image, then one load (`loading.load_model`, looked up
     at call time so a test can wrap it)."""
-    from pto_patch.model_folder import resolve_model_folder
+    from pto_patch.model.folder import resolve_model_folder
 
     spec = load_spec(options.model)
     check_options(options, spec, batch)

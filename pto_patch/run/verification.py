@@ -13,17 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.report import VerifyReport
+from pto_patch.patching.folder_kernels import module_dir
+from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
 from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import peak_memory_source
-from pto_patch.run.folder import module_dir
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions
+from pto_patch.run.report import VerifyReport
 from pto_patch.run.start import start_run
-from pto_patch.tuning_file import describe_backend, lookup_for_run
 
 
 @dataclass(frozen=True)

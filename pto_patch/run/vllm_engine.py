@@ -1,6 +1,6 @@
 """One run of a model through vLLM, in a process of its own: `python -m pto_patch.run.vllm_engine REQUEST OUT`.
 
-`pto-patch verify --engine vllm` (pto_patch.vllm_verify) starts this twice, without and with the plugin's
+`pto-patch verify --engine vllm` (pto_patch.serving.vllm_verify) starts this twice, without and with the plugin's
 ops switched on in the environment it hands over ($PTO_KERNELS_VLLM_OPS): vLLM registers layer classes
 once per process and for good, so the two modes cannot share one. REQUEST is a JSON file (the fields of
 `EngineRequest`); OUT receives the run's JSON: greedy token ids, timings, and, from every worker process

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.ocr_inputs import sample_image
+from pto_patch.hub.tiny_model import TextWidths, make_tiny
 from pto_patch.resources import kernel_package_dir
-from pto_patch.tiny_model import TextWidths, make_tiny
+from pto_patch.run.ocr_inputs import sample_image
 
 pytestmark = [
     pytest.mark.vllm,
@@ -89,7 +89,7 @@ def _assert_every_op_ran_and_tokens_agree(doc: dict) -> None:
     assert doc["accuracy"]["tokens_equal"] and doc["accuracy"]["token_match_rate"] == 1.0
     for key in ("RMSNorm", "SiluAndMul", "MRotaryEmbedding"):
         assert doc["pto"]["layers"][key]["pto"] == doc["pto"]["layers"][key]["built"] > 0
-        assert doc["pto"]["registry"][key].startswith("pto_patch.vllm_layers.Pto")
+        assert doc["pto"]["registry"][key].startswith("pto_patch.serving.vllm_layers.Pto")
     assert doc["baseline"]["registry"] == {}
 
 

@@ -1,0 +1,575 @@
+"""Write a random-weight model folder of a spec's architecture, offline, for tests and the demo.
+
+The folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
+`vision_config` nested, `rope_scaling: {"type": "mrope", ...}`), safetensors shards in the hub's
+legacy key layout (`model.layers.N...`, `visual.blocks.N...`, `lm_head` only where the spec unties it) with a
+`model.safetensors.index.json`, a small byte-level BPE tokenizer carrying the Qwen special tokens,
+a chat template, preprocessor_config.json and generation_config.json. That layout loads on every
+supported transformers release (4.57 - 5.24); what a release's `save_pretrained` writes does not.
+
+The same seed gives the same bytes. Weights are drawn from one seeded generator, tensor by tensor,
+with a scale (2/sqrt(fan_in)) large enough that every layer changes the output: at 1/sqrt(fan_in)
+the tiny model's greedy output collapses into repeating one token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
+from pto_patch.model.spec import ModelSpec, load_spec
+from pto_patch.patching.patch_state import NONE, state_before_writing
+
+# The Qwen2 special tokens in the order Qwen's vocabulary appends them after the BPE tokens.
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Added as ordinary (non-special) added tokens, as in Qwen's tokenizer.
+QWEN_ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+
+# Qwen2's pre-tokenizer split (a fact of its tokenizer.json); transformers 5 rebuilds it too.
+PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+BPE_MERGES = 96  # learned merges on top of the 256 byte symbols
+VOCAB_MULTIPLE = 64  # the embedding is padded past the tokenizer, as Qwen pads 151665 -> 151936
+
+# A few lines of OCR-like text, the BPE training corpus (fixed so the tokenizer is reproducible).
+TRAINING_TEXT = """\
+Invoice number 2024-0117 dated 12 March 2024. Total amount due: 1,284.50 EUR.
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+Read the text in the image. Return the text line by line, in reading order.
+Name: Ada Lovelace. Address: 12 St James's Square, London. Phone +44 20 7946 0958.
+Table 3: results of the evaluation on the test set, with the mean and the standard deviation.
+Section 2.1 describes the method; section 4 reports the results and the limitations.
+The model reads scanned pages, receipts, forms and handwritten notes and returns plain text.
+"""
+
+# No whitespace control needed: the template has no incidental whitespace, only the "\n"s it emits.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' or 'video' in part %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in part %}{{ part['text'] }}"
+    "{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+PATCH_SIZE = 14
+SPATIAL_MERGE = 2
+TEMPORAL_PATCH = 2
+MIN_PIXELS = 56 * 56  # one merged 2x2 patch group of 28x28 pixels, times 4
+MAX_PIXELS = 28 * 28 * 256  # at most 256 image tokens: tiny models see small images
+# CLIP's normalisation constants, which the Qwen2-VL image processor uses.
+IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
+IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
+
+SHARDS = 2
+LINEAR_GAIN = 2.0
+# Embedding rows at 4/sqrt(hidden): larger ones dominate the residual at full width, so every
+# position's greedy pick is its own input token (the tied lm_head sees the embedding again).
+EMBED_SCALE = 4.0
+FULL_WIDTH_DEFAULT_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class TinyModelResult:
+    path: Path
+    files: tuple[str, ...]
+    parameter_count: int
+    full_width: bool
+    layers: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "files": list(self.files),
+            "parameter_count": self.parameter_count,
+            "full_width": self.full_width,
+            "layers": self.layers,
+        }
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The widths of one build, validated from the spec's `tiny` or `full_width` table."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mrope_section: tuple[int, ...]
+    vision_depth: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    fullatt_block_indexes: tuple[int, ...]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
+class TextWidths:
+    """make-tiny's overrides of the spec table's text widths (None: the table's). vLLM's CPU attention,
+    for one, takes head_dim 32, 64, 80, ... only: `--hidden-size 256 --heads 4` gives 64."""
+
+    hidden_size: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+
+
+def _section_for(section: tuple[int, ...], head_dim: int, where: str) -> tuple[int, ...]:
+    """The table's MRoPE section scaled to another head_dim, in the same proportions ([2, 3, 3] -> [8, 12, 12])."""
+    half, total = head_dim // 2, sum(section)
+    if head_dim % 2 or half % total:
+        raise SpecError(
+            f"{where}: head_dim {head_dim} does not take mrope_section {list(section)} scaled evenly",
+            f"pick --hidden-size / --heads so that head_dim / 2 is a multiple of {total}",
+            exit_code=EXIT_USAGE,
+        )
+    return tuple(part * (half // total) for part in section)
+
+
+def _sizes(
+    spec: ModelSpec, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()
+) -> _Sizes:
+    table_name = "full_width" if full_width else "tiny"
+    table = spec.full_width if full_width else spec.tiny
+    where = f"model spec {spec.source_path or spec.name}, '{table_name}'"
+    for flag, value in (
+        ("--hidden-size", widths.hidden_size),
+        ("--heads", widths.heads),
+        ("--kv-heads", widths.kv_heads),
+    ):
+        if value is not None and value < 1:
+            raise SpecError(
+                f"{flag} must be at least 1, got {value}", f"pass {flag} 1 or more", exit_code=EXIT_USAGE
+            )
+    try:
+        text, vision = table["text"], table["vision"]
+        default_layers = text.get("num_hidden_layers", FULL_WIDTH_DEFAULT_LAYERS)
+        hidden = int(widths.hidden_size or text["hidden_size"])
+        heads = int(widths.heads or text["num_attention_heads"])
+        section = tuple(int(x) for x in text["mrope_section"])
+        if widths != TextWidths() and hidden % heads == 0:
+            section = _section_for(section, hidden // heads, where)
+        sizes = _Sizes(
+            hidden=hidden,
+            intermediate=int(text["intermediate_size"]),
+            layers=int(layers if layers is not None else default_layers),
+            heads=heads,
+            kv_heads=int(widths.kv_heads or text["num_key_value_heads"]),
+            mrope_section=section,
+            vision_depth=int(vision["depth"]),
+            vision_hidden=int(vision["hidden_size"]),
+            vision_intermediate=int(vision["intermediate_size"]),
+            vision_heads=int(vision["num_heads"]),
+            fullatt_block_indexes=tuple(int(x) for x in vision["fullatt_block_indexes"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(
+            f"{where} lacks or mangles {exc}", "compare it with templates/specs/gutenocr_3b.json"
+        ) from exc
+    if sizes.layers < 1:
+        raise SpecError(
+            f"--layers must be at least 1, got {sizes.layers}",
+            "pass --layers 1 or more",
+            exit_code=EXIT_USAGE,
+        )
+    if sizes.hidden % sizes.heads or sizes.heads % sizes.kv_heads:
+        raise SpecError(
+            f"{where}: hidden_size {sizes.hidden}, {sizes.heads} heads, {sizes.kv_heads} kv heads: no fit",
+            "pick head counts that divide hidden_size and each other",
+        )
+    if 2 * sum(sizes.mrope_section) != sizes.head_dim:
+        raise SpecError(
+            f"{where}: mrope_section {list(sizes.mrope_section)} must sum to {sizes.head_dim // 2}",
+            "fix mrope_section in the spec",
+        )
+    if sizes.vision_hidden % sizes.vision_heads or (sizes.vision_hidden // sizes.vision_heads) % 4:
+        raise SpecError(
+            f"{where}: vision head_dim must be a multiple of 4",
+            "pick vision hidden_size and num_heads accordingly",
+        )
+    if any(i >= sizes.vision_depth for i in sizes.fullatt_block_indexes):
+        raise SpecError(f"{where}: fullatt_block_indexes past the vision depth", "fix the spec")
+    return sizes
+
+
+# --- tokenizer ----------------------------------------------------------------------------------
+
+
+def _build_tokenizer():
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+
+    tokenizer = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = BpeTrainer(
+        vocab_size=len(alphabet) + BPE_MERGES,
+        initial_alphabet=alphabet,
+        show_progress=False,
+        special_tokens=[],
+    )
+    tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(), trainer=trainer)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED_TOKENS])
+    return tokenizer
+
+
+def _tokenizer_config(token_ids: dict[str, int]) -> dict[str, Any]:
+    added = {}
+    for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS:
+        added[str(token_ids[token])] = {
+            "content": token,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": token in QWEN_SPECIAL_TOKENS,
+        }
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != "<|endoftext|>"],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2TokenizerFast",
+        "unk_token": None,
+    }
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def _config(spec: ModelSpec, sizes: _Sizes, vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "attention_dropout": 0.0,
+        "bos_token_id": token_ids["<|endoftext|>"],
+        "eos_token_id": token_ids["<|im_end|>"],
+        "hidden_act": "silu",
+        "hidden_size": sizes.hidden,
+        "image_token_id": token_ids["<|image_pad|>"],
+        "initializer_range": 0.02,
+        "intermediate_size": sizes.intermediate,
+        "max_position_embeddings": 128000,
+        "max_window_layers": 70,
+        "model_type": spec.model_type,
+        "num_attention_heads": sizes.heads,
+        "num_hidden_layers": sizes.layers,
+        "num_key_value_heads": sizes.kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"type": "mrope", "mrope_section": list(sizes.mrope_section)},
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "video_token_id": token_ids["<|video_pad|>"],
+        "vision_config": {
+            "depth": sizes.vision_depth,
+            "fullatt_block_indexes": list(sizes.fullatt_block_indexes),
+            "hidden_act": "silu",
+            "hidden_size": sizes.vision_hidden,
+            "in_chans": 3,
+            "intermediate_size": sizes.vision_intermediate,
+            "num_heads": sizes.vision_heads,
+            "out_hidden_size": sizes.hidden,
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": SPATIAL_MERGE,
+            "spatial_patch_size": PATCH_SIZE,
+            "temporal_patch_size": TEMPORAL_PATCH,
+            "tokens_per_second": 2,
+            "window_size": 112,
+        },
+        "vision_end_token_id": token_ids["<|vision_end|>"],
+        "vision_start_token_id": token_ids["<|vision_start|>"],
+        "vision_token_id": token_ids["<|vision_pad|>"],
+        "vocab_size": vocab_size,
+    }
+
+
+def _preprocessor_config() -> dict[str, Any]:
+    return {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": IMAGE_MEAN,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "image_std": IMAGE_STD,
+        "max_pixels": MAX_PIXELS,
+        "merge_size": SPATIAL_MERGE,
+        "min_pixels": MIN_PIXELS,
+        "patch_size": PATCH_SIZE,
+        "processor_class": "Qwen2_5_VLProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
+        "temporal_patch_size": TEMPORAL_PATCH,
+    }
+
+
+def _generation_config(token_ids: dict[str, int]) -> dict[str, Any]:
+    return {
+        "bos_token_id": token_ids["<|endoftext|>"],
+        "do_sample": False,
+        "eos_token_id": [token_ids["<|im_end|>"], token_ids["<|endoftext|>"]],
+        "pad_token_id": token_ids["<|endoftext|>"],
+    }
+
+
+# --- weights ------------------------------------------------------------------------------------
+
+
+def _weight_layout(
+    sizes: _Sizes, vocab_size: int, tied: bool = True
+) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(hub legacy key, shape, kind) for every tensor, in a fixed order. Kinds: linear, bias, norm, embed.
+
+    An untied model (the 7B checkpoints) carries its own `lm_head.weight`; a tied one has none.
+    """
+    h, kv = sizes.hidden, sizes.kv_heads * sizes.head_dim
+    vh, vi = sizes.vision_hidden, sizes.vision_intermediate
+    merged = vh * SPATIAL_MERGE**2
+    yield "visual.patch_embed.proj.weight", (vh, 3, TEMPORAL_PATCH, PATCH_SIZE, PATCH_SIZE), "linear"
+    for i in range(sizes.vision_depth):
+        block = f"visual.blocks.{i}"
+        yield f"{block}.norm1.weight", (vh,), "norm"
+        yield f"{block}.norm2.weight", (vh,), "norm"
+        yield f"{block}.attn.qkv.weight", (3 * vh, vh), "linear"
+        yield f"{block}.attn.qkv.bias", (3 * vh,), "bias"
+        yield f"{block}.attn.proj.weight", (vh, vh), "linear"
+        yield f"{block}.attn.proj.bias", (vh,), "bias"
+        for name, shape in (("gate_proj", (vi, vh)), ("up_proj", (vi, vh)), ("down_proj", (vh, vi))):
+            yield f"{block}.mlp.{name}.weight", shape, "linear"
+            yield f"{block}.mlp.{name}.bias", shape[:1], "bias"
+    yield "visual.merger.ln_q.weight", (vh,), "norm"
+    yield "visual.merger.mlp.0.weight", (merged, merged), "linear"
+    yield "visual.merger.mlp.0.bias", (merged,), "bias"
+    yield "visual.merger.mlp.2.weight", (h, merged), "linear"
+    yield "visual.merger.mlp.2.bias", (h,), "bias"
+    yield "model.embed_tokens.weight", (vocab_size, h), "embed"
+    for i in range(sizes.layers):
+        layer = f"model.layers.{i}"
+        yield f"{layer}.input_layernorm.weight", (h,), "norm"
+        for name, out in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
+            yield f"{layer}.self_attn.{name}.weight", (out, h), "linear"
+            yield f"{layer}.self_attn.{name}.bias", (out,), "bias"
+        yield f"{layer}.self_attn.o_proj.weight", (h, h), "linear"
+        yield f"{layer}.post_attention_layernorm.weight", (h,), "norm"
+        yield f"{layer}.mlp.gate_proj.weight", (sizes.intermediate, h), "linear"
+        yield f"{layer}.mlp.up_proj.weight", (sizes.intermediate, h), "linear"
+        yield f"{layer}.mlp.down_proj.weight", (h, sizes.intermediate), "linear"
+    yield "model.norm.weight", (h,), "norm"
+    if not tied:
+        yield "lm_head.weight", (vocab_size, h), "embed"
+
+
+def _random_tensor(shape: tuple[int, ...], kind: str, generator):
+    import torch
+
+    values = torch.randn(shape, generator=generator, dtype=torch.float32)
+    if kind == "linear":
+        values *= LINEAR_GAIN / math.sqrt(math.prod(shape[1:]))
+    elif kind == "bias":
+        values *= 0.02
+    elif kind == "norm":
+        # Around 1 (what training leaves), but not exactly, so a wrong weight shows in the output.
+        values = 1.0 + 0.1 * values
+    elif kind == "embed":
+        values *= EMBED_SCALE / math.sqrt(shape[1])
+    return values.to(torch.bfloat16)
+
+
+def _write_weights(
+    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool
+) -> tuple[list[str], int]:
+    import torch
+    from safetensors.torch import save_file
+
+    layout = list(_weight_layout(sizes, vocab_size, tied))
+    bytes_per = 2  # bfloat16
+    total_size = sum(math.prod(shape) * bytes_per for _, shape, _ in layout)
+    names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
+    generator = torch.Generator().manual_seed(seed)
+    weight_map: dict[str, str] = {}
+    shard: dict[str, Any] = {}
+    shard_index, written, parameters = 0, 0, 0
+    for key, shape, kind in layout:
+        shard[key] = _random_tensor(shape, kind, generator)
+        weight_map[key] = names[shard_index]
+        written += math.prod(shape) * bytes_per
+        parameters += math.prod(shape)
+        # Cut into the next shard once half the bytes are in, as the hub's sharding does by size.
+        if shard_index < SHARDS - 1 and written >= total_size * (shard_index + 1) / SHARDS:
+            save_file(shard, str(folder / names[shard_index]), metadata={"format": "pt"})
+            shard, shard_index = {}, shard_index + 1
+    save_file(shard, str(folder / names[shard_index]), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    _write_json(folder / "model.safetensors.index.json", index)
+    return [*names, "model.safetensors.index.json"], parameters
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    spec: ModelSpec
+    sizes: _Sizes
+    tokenizer: Any
+    token_ids: dict[str, int]
+    vocab_size: int
+
+
+def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()) -> _Plan:
+    spec = load_spec(model)
+    sizes = _sizes(spec, full_width, layers, widths)
+    tokenizer = _build_tokenizer()
+    token_ids = {token: tokenizer.token_to_id(token) for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS}
+    vocab_size = math.ceil(tokenizer.get_vocab_size(with_added_tokens=True) / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    return _Plan(spec, sizes, tokenizer, token_ids, vocab_size)
+
+
+def model_config(model: str = "gutenocr_3b", full_width: bool = False, layers: int | None = None) -> dict:
+    """The config.json that `make_tiny` writes for these options, without writing anything."""
+    plan = _plan(model, full_width, layers)
+    return _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids)
+
+
+def weight_shapes(
+    model: str = "gutenocr_3b", full_width: bool = False, layers: int | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Hub key -> shape of every tensor `make_tiny` writes for these options, without drawing any."""
+    plan = _plan(model, full_width, layers)
+    layout = _weight_layout(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
+    return {key: shape for key, shape, _ in layout}
+
+
+def make_tiny(
+    directory: str | Path,
+    model: str = "gutenocr_3b",
+    full_width: bool = False,
+    layers: int | None = None,
+    seed: int = 0,
+    force: bool = False,
+    widths: TextWidths = TextWidths(),
+) -> TinyModelResult:
+    """Write a random-weight model of `model`'s architecture into `directory` (created if missing).
+
+    A folder that already holds files is refused unless `force`: pointed at a real download by
+    mistake, make-tiny would replace its config.json and weights with random ones.
+    """
+    plan = _plan(model, full_width, layers, widths)
+    folder = Path(directory).expanduser().resolve()
+    if state_before_writing(folder) != NONE:  # applied, or an apply that stopped half-way
+        raise ModelFolderError(
+            f"{folder} holds a patched model (.pto_patch/)",
+            f"run `pto-patch restore --model-path {folder}` first, or pick another folder",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise ModelFolderError(f"{folder} exists and is not a folder", "pick a folder path")
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise ModelFolderError(
+            f"{folder} is not empty; make-tiny would overwrite its files with a random-weight model",
+            "pick a new or empty folder, or pass --force to overwrite",
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelFolderError(f"cannot create {folder}: {exc.strerror}", "pick a writable folder") from exc
+
+    plan.tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
+    _write_json(folder / "tokenizer_config.json", _tokenizer_config(plan.token_ids))
+    _write_json(folder / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    _write_json(folder / "config.json", _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids))
+    _write_json(folder / "generation_config.json", _generation_config(plan.token_ids))
+    _write_json(folder / "preprocessor_config.json", _preprocessor_config())
+    weight_files, parameters = _write_weights(
+        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings
+    )
+
+    files = (
+        "chat_template.json",
+        "config.json",
+        "generation_config.json",
+        *weight_files,
+        "preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    )
+    return TinyModelResult(
+        path=folder,
+        files=tuple(sorted(files)),
+        parameter_count=parameters,
+        full_width=full_width,
+        layers=plan.sizes.layers,
+    )

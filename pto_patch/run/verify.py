@@ -1,0 +1,14 @@
+"""`pto-patch verify`: one verify run (`pto_patch.run.verification`), and its report file if asked."""
+
+from __future__ import annotations
+
+from pto_patch.run.report import VerifyReport, write_report
+from pto_patch.run.verification import VerifyOptions, verify_model
+
+
+def run_verify(options: VerifyOptions) -> VerifyReport:
+    report = verify_model(options)
+    if options.report_file is not None:
+        report.report_file = str(options.report_file)
+        write_report(report.to_json(), options.report_file)
+    return report
