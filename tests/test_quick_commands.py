@@ -49,15 +49,33 @@ REWRITE = (
     "pto_patch.patching.rewrite_cache",
 )
 # All of pto_patch that --help needs.
-HELP_MODULES = [
-    "pto_patch",
-    "pto_patch.cli",
-    "pto_patch.cli.app",
-    "pto_patch.cli.console",
-    "pto_patch.cli.lazy_commands",
-    "pto_patch.cli.values",
-    "pto_patch.errors",
-]
+COMMANDS = (
+    "apply",
+    "bench",
+    "demo",
+    "download",
+    "make_tiny",
+    "models",
+    "restore",
+    "skill",
+    "status",
+    "tune",
+    "verify",
+)
+HELP_MODULES = sorted(
+    [
+        "pto_patch",
+        "pto_patch.cli",
+        "pto_patch.cli.app",
+        "pto_patch.cli.commands",
+        *(f"pto_patch.cli.commands.{command}" for command in COMMANDS),  # their options only
+        "pto_patch.cli.console",
+        "pto_patch.cli.lazy_commands",
+        "pto_patch.cli.options",
+        "pto_patch.cli.values",
+        "pto_patch.errors",
+    ]
+)
 
 # Runs the command line after `setup`, then writes the names of every module imported to a file.
 COMMAND_THEN_MODULES = """

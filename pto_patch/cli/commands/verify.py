@@ -1,0 +1,97 @@
+"""`pto-patch verify`: the patched model against itself with the kernels off, on both engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pto_patch.cli.options import (
+    AclGraphOpt,
+    AllowModifiedOpt,
+    CompileBackendOpt,
+    CompileModeOpt,
+    DeviceOpt,
+    DtypeOpt,
+    DynamicConfigOpt,
+    ImageOpt,
+    ItersOpt,
+    JsonOpt,
+    KernelBackendOpt,
+    ModelOpt,
+    ModelPathOpt,
+    OpsOpt,
+    OutputLengthOpt,
+    PromptOpt,
+    SimplePromptOpt,
+    UseCompileOpt,
+    WarmupOpt,
+    app,
+    as_options,
+)
+
+
+@app.command()
+def verify(
+    model: ModelOpt = "gutenocr_3b",
+    model_path: ModelPathOpt = None,
+    prompt: PromptOpt = None,
+    image: ImageOpt = None,
+    simple_prompt: SimplePromptOpt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "bf16",
+    warmup: WarmupOpt = 5,
+    iters: ItersOpt = 5,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size (the same input repeated).")] = 1,
+    output_length: OutputLengthOpt = 50,
+    use_pto: Annotated[
+        bool, typer.Option("--use_pto", "--use-pto", help="Also run with the kernels on and compare.")
+    ] = False,
+    ops: OpsOpt = None,
+    kernel_backend: KernelBackendOpt = None,
+    use_compile: UseCompileOpt = False,
+    compile_backend: CompileBackendOpt = "inductor",
+    compile_mode: CompileModeOpt = None,
+    use_acl_graph: AclGraphOpt = False,
+    use_dynamic_config: DynamicConfigOpt = False,
+    atol: Annotated[
+        float | None, typer.Option("--atol", help="Logit tolerance, absolute (per-dtype default).")
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option("--rtol", help="Logit tolerance, times max |logit| (per-dtype default).")
+    ] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A kernel fallback fails verification.")] = False,
+    allow_modified: AllowModifiedOpt = False,
+    report_file: Annotated[
+        Path | None, typer.Option("--report-file", "--report_file", help="Write the JSON report here.")
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="transformers (the patched folder), or vllm (the original folder through vLLM and the pto_kernels plugin).",
+        ),
+    ] = "transformers",
+    multiprocessing: Annotated[
+        bool,
+        typer.Option(
+            "--multiprocessing", help="--engine vllm: vLLM's multi-process engine (default: in-process)."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
+    parameters = dict(locals())  # first, so it holds the parameters only
+    from pto_patch.cli import render
+    from pto_patch.run.verify import VerifyOptions, run_verify
+    from pto_patch.serving.vllm_verify import check_engine, run_vllm_verify
+
+    check_engine(parameters.pop("engine"), multiprocessing)
+    if engine == "vllm":
+        report = run_vllm_verify(parameters)
+    else:
+        parameters.pop("multiprocessing")
+        report = run_verify(as_options(VerifyOptions, parameters))
+    render.show(report, as_json=as_json)
+    raise typer.Exit(report.exit_code)
