@@ -88,7 +88,13 @@ class InjectAttentionPrologue:
 
         attention = dl.body_statements(prologue.forward)
         wrapped = attention[prologue.first_projection : prologue.rotary + 1]
-        kept = [s for s in wrapped if not set(dl.assigned_names(s)) & set(prologue.qkv)]
+        # what the block does not replace (`cos, sin = position_embeddings`), without its blank lines and
+        # comments: those stay with the original statements in the else branch
+        kept = [
+            s.with_changes(leading_lines=())
+            for s in wrapped
+            if not set(dl.assigned_names(s)) & set(prologue.qkv)
+        ]
         args = [arg.value for arg in prologue.rotary_call.args]
         sectioned = dl.rotary_is_sectioned(module, prologue.rotary_call)
         if len(args) < (5 if sectioned else 4):
