@@ -24,7 +24,7 @@ import torch
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
 from pto_patch.hub.tiny_model import make_tiny
-from pto_patch.model.spec import load_spec
+from pto_patch.model.spec import OPS, load_spec
 from pto_patch.patching import engine
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
@@ -505,12 +505,13 @@ def test_apply_then_verify_passes_text_and_report_has_every_key(patched_tiny: Pa
         assert ACCURACY_KEYS <= set(doc["accuracy"])
         assert {"missing_keys", "unexpected_keys"} <= set(doc["load_info"])
         assert {"pto_patch", "torch", "transformers"} <= set(doc["versions"])
-        assert set(doc["pto"]["ops"]) == {"rms_norm", "mrope", "swiglu_mlp"}
+        assert set(doc["pto"]["ops"]) == set(OPS)  # every op is reported, switched on or not
         for entry in doc["pto"]["ops"].values():
             assert {"backend", "calls", "fallbacks"} <= set(entry)
     assert printed["passed"] is True and printed["failures"] == [] and printed["command"] == "verify"
     assert printed["input"]["kind"] == "text" and printed["dtype"] == "bfloat16"
-    assert all(entry["calls"] > 0 for entry in printed["pto"]["ops"].values())
+    assert printed["switched_on"] == ["rms_norm", "mrope", "swiglu_mlp"]  # a run's default
+    assert all(printed["pto"]["ops"][op]["calls"] > 0 for op in printed["switched_on"])
     assert printed["pto_kernels_path"] == str((patched_tiny / "pto_kernels").resolve())
     assert printed["load_info"]["missing_keys"] == [] and printed["load_info"]["unexpected_keys"] == []
     assert printed["baseline"]["tokens"] == 8 and printed["pto"]["tokens"] == 8
@@ -540,7 +541,7 @@ def test_apply_then_verify_passes_with_an_image(patched_tiny: Path, tmp_path: Pa
     doc = json_out(done)
     assert doc["passed"] and doc["input"]["kind"] == "image" and doc["input"]["image_tokens"] == 12
     assert doc["input"]["prompt"] == OCR_PROMPT
-    assert all(entry["calls"] > 0 for entry in doc["pto"]["ops"].values())
+    assert all(doc["pto"]["ops"][op]["calls"] > 0 for op in doc["switched_on"])
     assert doc["accuracy"]["text_equal"] is True and doc["accuracy"]["token_match_rate"] == 1.0
 
 
