@@ -144,6 +144,15 @@ def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patc
     assert not (patched / ".pto_patch").exists()  # restore ran, and restored
 
 
+def test_status_of_a_folder_that_is_no_overlay_imports_no_overlay_writer(tmp_path: Path, patched: Path):
+    writers = ("pto_patch.patching.overlay", "pto_patch.patching.undo")
+    assert heavy(modules_after(tmp_path, ["status", "--model-path", str(patched)]), writers) == []
+    eager = modules_after(
+        tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.patching.overlay"
+    )
+    assert heavy(eager, writers) == sorted(writers)  # the check sees them when they are imported
+
+
 def test_help_imports_only_the_command_line(tmp_path: Path):
     assert own(modules_after(tmp_path, ["--help"])) == HELP_MODULES
 

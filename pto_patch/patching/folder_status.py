@@ -12,8 +12,8 @@ from pathlib import Path
 from pto_patch.model.folder import read_download_record, resolve_model_folder
 from pto_patch.model.locate import installed_transformers_release
 from pto_patch.model.spec import load_spec
-from pto_patch.patching import overlay as overlays
 from pto_patch.patching.manifest import STATE_IN_PROGRESS
+from pto_patch.patching.overlay_record import record_of
 from pto_patch.patching.patch_state import patch_state
 from pto_patch.patching.tuning_file import tuning_status
 
@@ -69,6 +69,15 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
         drifted=state.drifted,
         files=tuple((r.path, r.action) for r in manifest.files),
         download=download,
-        overlay=overlays.status_of(folder, manifest),
+        overlay=_overlay_status(folder, manifest),
         tuning=tuning_status(folder, manifest, state.drifted) if state.patched else None,
     )
+
+
+def _overlay_status(folder: Path, manifest) -> dict | None:
+    """An overlay's source and what changed there; the overlay's module is imported only for an overlay."""
+    if record_of(folder, manifest) is None:
+        return None
+    from pto_patch.patching import overlay
+
+    return overlay.status_of(folder, manifest)
