@@ -235,16 +235,16 @@ def _sim_child(request: str) -> None:
 
 
 def _sim_block(op: str, params: dict, config) -> None:
-    from pto_kernels import pypto_kernels
+    from pto_kernels import pypto_blocks
 
     bf16, rows, eps = torch.bfloat16, params["rows"], 1e-6
     x = torch.randn(rows, TEXT, dtype=bf16)
     norm_w = torch.ones(1, TEXT, dtype=bf16)
     if op == "residual_rms_norm":
-        kernel = pypto_kernels._build_residual_rms_norm(rows, TEXT, bf16, eps, config, "sim")
+        kernel = pypto_blocks._build_residual_rms_norm(rows, TEXT, bf16, eps, config, "sim")
         kernel(x, torch.randn_like(x), norm_w, torch.empty_like(x), torch.empty_like(x))
     elif op == "linear":
-        kernel = pypto_kernels._build_linear(rows, params["in"], params["out"], bf16, config, "sim")
+        kernel = pypto_blocks._build_linear(rows, params["in"], params["out"], bf16, config, "sim")
         x = torch.randn(rows, params["in"], dtype=bf16)
         kernel(
             x,
@@ -253,7 +253,7 @@ def _sim_block(op: str, params: dict, config) -> None:
         )
     elif op == "mlp_block":
         attn_width = Q_HEADS * HEAD_DIM
-        kernel = pypto_kernels._build_mlp_block(rows, TEXT, attn_width, INTER, bf16, eps, config, "sim")
+        kernel = pypto_blocks._build_mlp_block(rows, TEXT, attn_width, INTER, bf16, eps, config, "sim")
         o_w, gate, up = (
             torch.randn(*shape, dtype=bf16) for shape in ((TEXT, attn_width), (INTER, TEXT), (INTER, TEXT))
         )
@@ -271,7 +271,7 @@ def _sim_block(op: str, params: dict, config) -> None:
             torch.empty_like(x),
         )
     else:
-        kernel = pypto_kernels._build_attention_prologue(
+        kernel = pypto_blocks._build_attention_prologue(
             rows, TEXT, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, eps, config, "sim"
         )
         q_width = Q_HEADS * HEAD_DIM

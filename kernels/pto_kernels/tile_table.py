@@ -145,7 +145,7 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
-    # a plain projection (pypto_kernels._build_linear): the cost model's per-op decoder layer only. 1 token,
+    # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
     # 2048 -> 2048: 17,867 cycles (16 tasks); with the swiglu entry's (128, 512) tiles and L1 reuse 8:
     # 96,992 (2 tasks); 64-column tiles: 25,519 (32 tasks, 2 waves). 2048 -> 256: 14,586
     ("linear", "decode", None): TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 128)),

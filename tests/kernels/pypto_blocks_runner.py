@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
-from pto_kernels import pypto_kernels  # noqa: E402
+from pto_kernels import pypto_blocks, pypto_kernels  # noqa: E402
 from pto_kernels.tile_table import tile_config  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
@@ -132,7 +132,7 @@ def main(out_path: str) -> None:
         inputs = make_inputs("bfloat16", "rows6", 401)
         x, weight = inputs["hidden_states"].reshape(-1, HIDDEN), inputs["q_weight"]
         config = tile_config("linear", x.shape[0], HIDDEN)[1]
-        kernel = pypto_kernels._build_linear(x.shape[0], HIDDEN, weight.shape[0], x.dtype, config, "cpu")
+        kernel = pypto_blocks._build_linear(x.shape[0], HIDDEN, weight.shape[0], x.dtype, config, "cpu")
         out = torch.full((x.shape[0], weight.shape[0]), float("nan"), dtype=x.dtype)
         with pypto_kernels._quiet_stdout("cpu"):
             kernel(x, weight, out)

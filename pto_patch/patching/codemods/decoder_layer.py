@@ -24,8 +24,6 @@ from pto_patch.patching.codemods.guards import is_docstring
 from pto_patch.patching.codemods.injection_templates import parameter_names
 from pto_patch.patching.codemods.node_walk import find_all
 
-KERNEL_KWARGS = ("pto_input_layernorm", "pto_defer_o_proj")  # what the layer hands its attention
-
 
 def module_class(module: cst.Module, name: str) -> cst.ClassDef | None:
     for statement in module.body:
@@ -346,12 +344,6 @@ def insert_after_docstring(
 ) -> list[cst.BaseStatement]:
     keep = 1 if statements and is_docstring(statements[0]) else 0
     return [*statements[:keep], *new, *statements[keep:]]
-
-
-def pops_kwarg(statements: Sequence[cst.BaseStatement], key: str) -> bool:
-    """Whether a `... = kwargs.pop("<key>", ...)` line is already there."""
-    code = cst.Module(body=list(statements)).code
-    return f'.pop("{key}"' in code
 
 
 def layer_to_patch(module: cst.Module, ctx, file_name: str, op: str):

@@ -1,0 +1,487 @@
+"""PyPTO 0.2 kernels of the decoder-layer blocks, one kernel each: residual add + RMSNorm; o_proj + residual
++ RMSNorm + SiLU MLP + residual; RMSNorm + q/k/v projections (with their biases) + MRoPE.
+
+They share pypto_kernels' machinery (the jit, the kernel cache and its stats, the interpreter hand-over, the
+in-kernel RMSNorm, rotation and SwiGLU); pypto_kernels hands their entries to the dispatcher.
+"""
+
+# No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
+import weakref
+
+import torch
+
+from . import fused
+from .pypto_kernels import (
+    KERNELS,
+    _check_half_blocks,
+    _dtype,
+    _jit,
+    _kernel_key,
+    _new_output,
+    _normed,
+    _pypto,
+    _quiet_stdout,
+    _rotated,
+    _row_axis,
+    _swiglu,
+    _WeightLayouts,
+)
+from .tile_table import TileConfig, tile_config
+
+# --- decoder-layer blocks ----------------------------------------------------------------------------
+# Several of a layer's ops as one kernel each: residual add + RMSNorm; o_proj + residual + RMSNorm + SiLU
+# MLP + residual; RMSNorm + q/k/v projections (with their biases) + MRoPE. Tilings: tile_table's
+# BLOCK_TILE_TABLE. Rounding follows transformers: each projection's output, the residual sums and the
+# normed activations are rounded to the activations' dtype where the model's eager code rounds them, except
+# in attention_prologue, whose norm is folded into the q/k/v weights (its normed activations are never
+# formed: the scale is applied to the fp32 matmul output, and W * norm_weight is rounded once).
+#
+# What the cost model taught (pypto 0.2 SIM): every copy from global memory waits ~1,450 cycles however
+# small, serially within a task; a task that waits on another starts ~5,000-7,500 cycles after it ends; so
+# a block wants few stages and few copies a task. `sg_set_scope` forces a run of vector ops into one task
+# (pypto otherwise splits input casts into tasks of their own); a vector intermediate read by several
+# tasks merges them into one, so each RoPE head works out what it needs itself; and cube_l1_reuse only
+# merges matmul tiles whose left operand is read from global memory, so mlp_block hands its normed rows to
+# the MLP through a scratch tensor.
+
+
+def _block_tiles(config: TileConfig) -> tuple[list[int], list[int], list[int], int]:
+    """(cube m, projection cube k, projection cube n, RMSNorm rows per vec tile) of a block's config."""
+    m = [config.cube_m, config.cube_m]
+    norm_rows = min(config.row_tile, config.norm_rows or config.row_tile)
+    return m, list(config.proj_cube_k or config.cube_k), list(config.proj_cube_n or config.cube_n), norm_rows
+
+
+def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
+    pypto = _pypto()
+    dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    rows_axis = _row_axis(config, rows)
+    tile = config.row_tile
+
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
+    @_jit(device_type, config)
+    def residual_rms_norm_kernel(
+        x: pypto.Tensor([rows_axis, hidden], dt),
+        residual: pypto.Tensor([rows_axis, hidden], dt),
+        weight: pypto.Tensor([1, hidden], dt),
+        normed_out: pypto.Tensor([rows_axis, hidden], dt),
+        summed_out: pypto.Tensor([rows_axis, hidden], dt),
+    ):
+        pypto.set_vec_tile_shapes(tile, hidden)
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            pypto.set_pass_options(sg_set_scope=norm_scope)
+            xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            summed = pypto.add(rt, xt)  # in dt: rounded, as transformers' `residual + hidden_states`
+            pypto.assemble(summed, [start, 0], summed_out)
+            pypto.assemble(_normed(pypto.cast(summed, fp32), weight, hidden, eps, dt), [start, 0], normed_out)
+        pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
+
+    return residual_rms_norm_kernel
+
+
+def _flat_rows(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype).reshape(-1, tensor.shape[-1]).contiguous()
+
+
+def _linear_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """nn.Linear layout is what matmul(b_trans=True) takes: copied only for a dtype change or strides."""
+    return weight.detach().to(dtype).contiguous()
+
+
+def residual_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
+    """One kernel: the residual sum (rounded to the activations' dtype) and its RMSNorm. (normed, sum)."""
+    if hidden_states.shape != residual.shape:
+        raise ValueError(
+            f"pypto residual_rms_norm: hidden_states {tuple(hidden_states.shape)} and residual"
+            f" {tuple(residual.shape)} differ"
+        )
+    dtype = torch.promote_types(hidden_states.dtype, residual.dtype)
+    shape, hidden = hidden_states.shape, hidden_states.shape[-1]
+    x, r = _flat_rows(hidden_states, dtype), _flat_rows(residual, dtype)
+    w = weight.to(dtype).reshape(1, hidden).contiguous()
+    rows, device_type = x.shape[0], x.device.type
+    _, config = tile_config("residual_rms_norm", rows, hidden)
+    key = _kernel_key("residual_rms_norm", config, rows, hidden, dtype, float(eps), device_type)
+    kernel = KERNELS.get(
+        key, lambda: _build_residual_rms_norm(rows, hidden, dtype, float(eps), config, device_type)
+    )
+    normed, summed = _new_output(x), _new_output(x)
+    with _quiet_stdout(device_type):
+        kernel(x, r, w, normed, summed)
+    return normed.reshape(shape).to(torch.promote_types(dtype, weight.dtype)), summed.reshape(shape)
+
+
+def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device_type):
+    pypto = _pypto()
+    dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    rows_axis = _row_axis(config, rows)
+    tile = config.row_tile
+    m, proj_k, proj_n, norm_rows = _block_tiles(config)
+
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
+    @_jit(device_type, config)
+    def mlp_block_kernel(
+        residual: pypto.Tensor([rows_axis, hidden], dt),
+        attn: pypto.Tensor([rows_axis, attn_width], dt),
+        o_w: pypto.Tensor([hidden, attn_width], dt),
+        norm_w: pypto.Tensor([1, hidden], dt),
+        gate_w: pypto.Tensor([inter, hidden], dt),
+        up_w: pypto.Tensor([inter, hidden], dt),
+        down_w: pypto.Tensor([hidden, inter], dt),
+        out: pypto.Tensor([rows_axis, hidden], dt),
+        normed_buf: pypto.Tensor([rows_axis, hidden], dt),
+        projected_buf: pypto.Tensor([rows_axis, hidden], dt),
+    ):
+        n_rows = residual.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            at = pypto.view(attn, [tile, attn_width], [start, 0], valid_shape=[valid, attn_width])
+            pypto.set_cube_tile_shapes(m, proj_k, proj_n)
+            projected = pypto.matmul(at, o_w, dt, b_trans=True)  # o_proj, rounded like F.linear's output
+            pypto.set_vec_tile_shapes(norm_rows, hidden)
+            pypto.assemble(projected, [start, 0], projected_buf)
+            pypto.set_pass_options(sg_set_scope=norm_scope)
+            rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            ot = pypto.view(projected_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            summed = pypto.cast(pypto.add(pypto.cast(rt, fp32), pypto.cast(ot, fp32)), dt)
+            normed = _normed(pypto.cast(summed, fp32), norm_w, hidden, eps, dt)
+            pypto.assemble(normed, [start, 0], normed_buf)
+            pypto.set_pass_options(sg_set_scope=-1)
+            # the MLP reads the normed rows back from global memory, as the SwiGLU kernel reads its input:
+            # cube_l1_reuse then merges the gate/up tiles that share them (172 tasks -> about 22)
+            nt = pypto.view(normed_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            down = _swiglu(nt, gate_w, up_w, down_w, dt, dt, inter, config)
+            pypto.set_vec_tile_shapes(norm_rows, hidden)
+            result = pypto.add(pypto.cast(summed, fp32), pypto.cast(down, fp32))
+            pypto.assemble(pypto.cast(result, dt), [start, 0], out)
+
+    return mlp_block_kernel
+
+
+def mlp_block(
+    residual,
+    attn_output,
+    o_weight,
+    o_bias,
+    norm_weight,
+    eps,
+    gate_weight,
+    gate_bias,
+    up_weight,
+    up_bias,
+    down_weight,
+    down_bias,
+):
+    """One kernel: o_proj, the residual add, the post-attention RMSNorm, the SiLU MLP and its residual add.
+    Bias-free projections only (Qwen2.5-VL's o_proj and MLP have none): a bias raises ValueError."""
+    if any(b is not None for b in (o_bias, gate_bias, up_bias, down_bias)):
+        raise ValueError("pypto mlp_block kernel takes bias-free o_proj and MLP projections")
+    dtype = residual.dtype
+    shape, hidden = residual.shape, residual.shape[-1]
+    attn = _flat_rows(attn_output, dtype)
+    res = _flat_rows(residual, dtype)
+    if attn.shape[0] != res.shape[0] or tuple(o_weight.shape) != (hidden, attn.shape[1]):
+        raise ValueError(
+            f"pypto mlp_block: attn_output {tuple(attn_output.shape)}, o_weight {tuple(o_weight.shape)}"
+            f" do not fit residual {tuple(residual.shape)}"
+        )
+    gate_w, up_w, down_w, o_w = (
+        _linear_weight(w, dtype) for w in (gate_weight, up_weight, down_weight, o_weight)
+    )
+    norm_w = norm_weight.to(dtype).reshape(1, hidden).contiguous()
+    rows, inter, device_type = res.shape[0], gate_w.shape[0], res.device.type
+    _, config = tile_config("mlp_block", rows, hidden)
+    key = _kernel_key("mlp_block", config, rows, hidden, attn.shape[1], inter, dtype, float(eps), device_type)
+    kernel = KERNELS.get(
+        key,
+        lambda: _build_mlp_block(rows, hidden, attn.shape[1], inter, dtype, float(eps), config, device_type),
+    )
+    out, normed_buf, projected_buf = _new_output(res), _new_output(res), _new_output(res)
+    with _quiet_stdout(device_type):
+        kernel(res, attn, o_w, norm_w, gate_w, up_w, down_w, out, normed_buf, projected_buf)
+    return out.reshape(shape)
+
+
+def _build_attention_prologue(
+    rows, hidden, q_heads, k_heads, dim, dtype, table_dtype, eps, config, device_type
+):
+    """Rows are tokens (batch x positions): x [rows, hidden]; weights in nn.Linear layout with the input
+    RMSNorm's weight folded in (W * norm_weight, column by column: `_norm_folded`), biases [1, n]; cos/sin
+    [rows, dim] section-mixed; q/k/v out [rows, heads*dim] (heads side by side).
+
+    The norm rides in the projections: RMSNorm(x) @ W^T = rsqrt(mean(x^2) + eps) * (x @ (W * g)^T), so the
+    matmuls read x straight from global memory (no vector stage before them) while one vector task
+    computes each row's scale beside them; the epilogue applies the scale and the bias, rounds as
+    F.linear's output, and rotates q and k (RoPE), one task per head. As the MRoPE kernel, each head reads
+    its cos/sin rows straight from the inputs."""
+    pypto = _pypto()
+    dt, tdt, fp32 = _dtype(dtype), _dtype(table_dtype), pypto.DT_FP32
+    rows_axis = _row_axis(config, rows)
+    tile, half = config.row_tile, dim // 2
+    q_width, kv_width = q_heads * dim, k_heads * dim
+    m, proj_k, proj_n, norm_rows = _block_tiles(config)
+
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
+    @_jit(device_type, config)
+    def attention_prologue_kernel(
+        x: pypto.Tensor([rows_axis, hidden], dt),
+        q_w: pypto.Tensor([q_width, hidden], dt),
+        q_b: pypto.Tensor([1, q_width], dt),
+        k_w: pypto.Tensor([kv_width, hidden], dt),
+        k_b: pypto.Tensor([1, kv_width], dt),
+        v_w: pypto.Tensor([kv_width, hidden], dt),
+        v_b: pypto.Tensor([1, kv_width], dt),
+        cos: pypto.Tensor([rows_axis, dim], tdt),
+        sin: pypto.Tensor([rows_axis, dim], tdt),
+        q_out: pypto.Tensor([rows_axis, q_width], dt),
+        k_out: pypto.Tensor([rows_axis, kv_width], dt),
+        v_out: pypto.Tensor([rows_axis, kv_width], dt),
+    ):
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
+            pypto.set_cube_tile_shapes(m, proj_k, proj_n)
+            q = pypto.matmul(xt, q_w, fp32, b_trans=True)
+            k = pypto.matmul(xt, k_w, fp32, b_trans=True)
+            v = pypto.matmul(xt, v_w, fp32, b_trans=True)
+            # each epilogue task works out its rows' RMSNorm scale from x itself: a scale shared between
+            # tasks would make them one task (pypto merges the consumers of a vector intermediate)
+            pypto.set_vec_tile_shapes(norm_rows, hidden)
+            pypto.set_pass_options(sg_set_scope=norm_scope)
+            scale = _rms_scale(xt, hidden, eps)
+            pypto.set_vec_tile_shapes(tile, dim)
+            pypto.assemble(_biased(pypto.mul(v, scale), v_b, dt), [start, 0], v_out)
+            for head in range(q_heads + k_heads):
+                if head < q_heads:
+                    src, bias, dst, col = q, q_b, q_out, head * dim
+                else:
+                    src, bias, dst, col = k, k_b, k_out, (head - q_heads) * dim
+                pypto.set_pass_options(sg_set_scope=head + 2)
+                pypto.set_vec_tile_shapes(norm_rows, hidden)
+                scale = _rms_scale(xt, hidden, eps)
+                pypto.set_vec_tile_shapes(tile, dim)
+                out1, out2 = _rope_epilogue(src, scale, bias, col, cos, sin, start, tile, valid, dim, dt)
+                pypto.assemble(out1, [start, col], dst)
+                pypto.assemble(out2, [start, col + half], dst)
+        pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
+
+    return attention_prologue_kernel
+
+
+def _rms_scale(xt, hidden: int, eps: float):
+    """Inside a kernel: rsqrt(mean(x^2) + eps) of a [rows, hidden] tile, [rows, 1] in fp32."""
+    pypto = _pypto()
+    x32 = pypto.cast(xt, pypto.DT_FP32)
+    return pypto.rsqrt(pypto.add(pypto.mul(pypto.sum(pypto.mul(x32, x32), -1, True), 1.0 / hidden), eps))
+
+
+def _biased(projected, bias, dt):
+    """Inside a kernel: an fp32 matmul output plus its [1, n] bias, rounded to dt (F.linear's output)."""
+    pypto = _pypto()
+    return pypto.cast(pypto.add(projected, pypto.cast(bias, pypto.DT_FP32)), dt)
+
+
+def _rope_epilogue(projected, scale, bias, col, cos, sin, start, tile, valid, dim, dt):
+    """Inside a kernel: one head of an fp32 q or k projection tile (its columns col .. col + dim), times the
+    rows' RMSNorm scale, biased and rounded as F.linear's output, then rotated with the mixed tables' rows;
+    the two output halves in dt.
+
+    One copy each of the head, its bias, cos and sin (whole head_dim rows): the halves are views of those.
+    """
+    pypto = _pypto()
+    fp32, half = pypto.DT_FP32, dim // 2
+    head = pypto.view(projected, [tile, dim], [0, col], valid_shape=[valid, dim])
+    x = pypto.cast(_biased(pypto.mul(head, scale), pypto.view(bias, [1, dim], [0, col]), dt), fp32)
+    cos_t = pypto.cast(pypto.view(cos, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
+    sin_t = pypto.cast(pypto.view(sin, [tile, dim], [start, 0], valid_shape=[valid, dim]), fp32)
+    halves = [
+        pypto.view(t, [tile, half], [0, c], valid_shape=[valid, half])
+        for t in (x, cos_t, sin_t)
+        for c in (0, half)
+    ]
+    x1, x2, cos1, cos2, sin1, sin2 = halves
+    out1, out2 = _rotated(x1, x2, cos1, cos2, sin1, sin2)
+    return pypto.cast(out1, dt), pypto.cast(out2, dt)
+
+
+class _NormFolded:
+    """Projection weights with an RMSNorm weight folded in, W * norm_weight column by column (in the
+    activations' dtype), per weight tensor; made again only when the weight or the norm weight changes
+    (data pointer, version counter, shape, dtype). Holds one such copy per projection while the weight
+    lives: for q/k/v at GutenOCR-3B width 2048 x 2560 bf16 (10 MB) a layer.
+
+    Keyed by the weight's id, checked against a weak reference to it (a weak-key dictionary would compare
+    tensors with ==)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple] = {}
+        self.builds = 0
+
+    def get(self, weight: torch.Tensor, norm_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        signature = _WeightLayouts._signature((weight, norm_weight), dtype)
+        entry = self._by_id.get(id(weight))
+        if entry is not None and entry[0]() is weight and entry[1] == signature:
+            return entry[2]
+        folded = (
+            (weight.detach().float() * norm_weight.detach().float().reshape(1, -1)).to(dtype).contiguous()
+        )
+        key = id(weight)
+
+        def forget(ref, key=key):
+            if self._by_id.get(key, (None,))[0] is ref:
+                del self._by_id[key]
+
+        self._by_id[key] = (weakref.ref(weight, forget), signature, folded)
+        self.builds += 1
+        return folded
+
+
+NORM_FOLDED = _NormFolded()
+
+
+def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
+    """attention_prologue(_mixed)'s body with cos/sin section-mixed ([b, s, d] or [b, 1, s, d])."""
+    if hidden_states.dim() != 3:
+        raise ValueError(
+            f"pypto attention_prologue takes hidden_states [b, s, hidden], not {tuple(hidden_states.shape)}"
+        )
+    batch, seq, hidden = hidden_states.shape
+    dtype, rows = hidden_states.dtype, batch * seq
+    (q_w, q_b), (k_w, k_b), (v_w, v_b) = projections
+    q_width, kv_width = q_w.shape[0], k_w.shape[0]
+    if q_width % head_dim or kv_width % head_dim or v_w.shape[0] != kv_width:
+        raise ValueError(
+            f"pypto attention_prologue: q/k/v weights {tuple(q_w.shape)} {tuple(k_w.shape)} {tuple(v_w.shape)}"
+            f" are not whole heads of {head_dim}"
+        )
+    if cos.numel() != rows * head_dim or cos.shape != sin.shape or cos.shape[-1] != head_dim:
+        raise ValueError(
+            f"pypto attention_prologue: cos {tuple(cos.shape)} does not fit {rows} rows of {head_dim}"
+        )
+    _check_half_blocks(head_dim, dtype, "pypto attention_prologue kernel")
+    weights, biases = [], []
+    for w, b in projections:
+        weights.append(NORM_FOLDED.get(w, norm_weight, dtype))
+        # a bias-free projection adds zeros (Qwen2.5-VL's q/k/v have biases)
+        biases.append(
+            hidden_states.new_zeros(1, w.shape[0]) if b is None else b.to(dtype).reshape(1, -1).contiguous()
+        )
+    x = hidden_states.reshape(rows, hidden).contiguous()
+    cos2, sin2 = cos.contiguous().reshape(rows, head_dim), sin.contiguous().reshape(rows, head_dim)
+    q_heads, k_heads, device_type = q_width // head_dim, kv_width // head_dim, x.device.type
+    _, config = tile_config("attention_prologue", rows, hidden)
+    key = _kernel_key(
+        "attention_prologue",
+        config,
+        rows,
+        hidden,
+        q_heads,
+        k_heads,
+        head_dim,
+        dtype,
+        cos.dtype,
+        float(eps),
+        device_type,
+    )
+    kernel = KERNELS.get(
+        key,
+        lambda: _build_attention_prologue(
+            rows, hidden, q_heads, k_heads, head_dim, dtype, cos.dtype, float(eps), config, device_type
+        ),
+    )
+    q_out = _new_output(x.new_empty(rows, q_width))
+    k_out, v_out = (_new_output(x.new_empty(rows, kv_width)) for _ in range(2))
+    with _quiet_stdout(device_type):
+        kernel(
+            x,
+            weights[0],
+            biases[0],
+            weights[1],
+            biases[1],
+            weights[2],
+            biases[2],
+            cos2,
+            sin2,
+            q_out,
+            k_out,
+            v_out,
+        )
+    return tuple(t.reshape(batch, seq, -1, head_dim).transpose(1, 2) for t in (q_out, k_out, v_out))
+
+
+def attention_prologue(
+    hidden_states,
+    norm_weight,
+    eps,
+    q_weight,
+    q_bias,
+    k_weight,
+    k_bias,
+    v_weight,
+    v_bias,
+    cos,
+    sin,
+    mrope_section,
+    head_dim,
+):
+    """One kernel: the input RMSNorm, the q/k/v projections with their biases and MRoPE on q and k.
+
+    cos/sin [3, b, s, head_dim] are section-mixed outside the kernel, in torch, once per forward (the
+    fused backend's table cache, shared by every layer), as the MRoPE entry does."""
+    sections = tuple(int(s) for s in mrope_section)
+    expected = (3, hidden_states.shape[0], hidden_states.shape[1], head_dim)
+    if sum(sections) * 2 != head_dim or tuple(cos.shape) != expected or cos.shape != sin.shape:
+        raise ValueError(
+            f"mrope_section {list(sections)} / cos {tuple(cos.shape)} do not fit head_dim {head_dim}"
+            f" and hidden_states {tuple(hidden_states.shape)}"
+        )
+    mixed_cos, mixed_sin, _ = fused.MIXED_TABLES.get(cos, sin, sections, 1)
+    projections = ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
+    return _prologue(hidden_states, norm_weight, eps, projections, mixed_cos, mixed_sin, head_dim)
+
+
+def attention_prologue_mixed(
+    hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin, head_dim
+):
+    """attention_prologue with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
+    projections = ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
+    return _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim)
+
+
+# --- a plain projection: the per-op baseline of the cost model's decoder-layer row --------------------
+
+
+def _build_linear(rows, in_features, out_features, dtype, config, device_type):
+    """x [rows, in] @ weight [out, in]^T (nn.Linear layout, no bias) -> [rows, out]. No entry calls it: it
+    stands in for a layer's q/k/v and o projections in benchmarks/bench_sim.py's per-op decoder layer."""
+    pypto = _pypto()
+    dt = _dtype(dtype)
+    rows_axis = _row_axis(config, rows)
+    tile = config.row_tile
+    m, proj_k, proj_n, _ = _block_tiles(config)
+
+    @_jit(device_type, config)
+    def linear_kernel(
+        x: pypto.Tensor([rows_axis, in_features], dt),
+        weight: pypto.Tensor([out_features, in_features], dt),
+        out: pypto.Tensor([rows_axis, out_features], dt),
+    ):
+        n_rows = x.shape[0]
+        for step in pypto.loop((n_rows + tile - 1) // tile):
+            start = step * tile
+            valid = pypto.min(start + tile, n_rows) - start
+            xt = pypto.view(x, [tile, in_features], [start, 0], valid_shape=[valid, in_features])
+            pypto.set_cube_tile_shapes(m, proj_k, proj_n)
+            pypto.assemble(pypto.matmul(xt, weight, dt, b_trans=True), [start, 0], out)
+
+    return linear_kernel
