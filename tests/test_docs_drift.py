@@ -1,9 +1,12 @@
-"""Docs that cannot drift: every command line, exit code and error message the docs quote is real.
+"""Docs that cannot drift: every command line, exit code, error message and link the docs quote is real.
 
-Command lines found in SKILL.md, the references and README.md (in code blocks and inline code)
-are parsed by the real click command behind the Typer app, without running anything. Exit codes
-must be ones pto_patch.errors defines. Error messages quoted in troubleshooting.md must match a
-message or hint some PtoPatchError is raised with (placeholders `{...}` match any text).
+The docs are SKILL.md, its references, README.md and every page in docs/ (found by glob, so a page
+added later is checked without a change here). Command lines in them (in code blocks and inline
+code) are parsed by the real click command behind the Typer app, without running anything. Exit
+codes must be ones pto_patch.errors defines. Error messages quoted in code blocks must match a
+message or hint some PtoPatchError is raised with (placeholders `{...}` match any text). A relative
+link must lead to a file that exists, and its `#anchor` to a heading there; every docs/ page is
+linked from the README.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 REPO = Path(__file__).resolve().parents[1]
 SKILL = REPO / "skills" / "pto-patch"
 TROUBLESHOOTING = SKILL / "references" / "troubleshooting.md"
+README = REPO / "README.md"
+DOCS_DIR = REPO / "docs"
 DOCS = (
     SKILL / "SKILL.md",
     TROUBLESHOOTING,
     SKILL / "references" / "layout.md",
     SKILL / "references" / "json-schemas.md",
-    REPO / "README.md",
+    README,
+    *sorted(DOCS_DIR.glob("*.md")),
 )
+README_MAX_LINES = 250
 PROG = "pto-patch"
 ERROR_CLASSES = {
     name
@@ -48,7 +55,7 @@ PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 SENTINEL = "\x00"
 MIN_LITERAL_CHARS = 6
 
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)  # indented: a block in a list item
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 SHELL_BREAKS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "(", ")"}
 
@@ -127,8 +134,12 @@ def rejected(args: list[str]) -> str | None:
     return None
 
 
+def doc_id(doc: Path) -> str:
+    return doc.relative_to(REPO).as_posix()
+
+
 DOC_COMMANDS = [
-    pytest.param(doc, args, id=f"{doc.name}: pto-patch {' '.join(args)}")
+    pytest.param(doc, args, id=f"{doc_id(doc)}: pto-patch {' '.join(args)}")
     for doc in DOCS
     if doc.is_file()
     for args in command_lines(doc.read_text(encoding="utf-8"))
@@ -136,8 +147,9 @@ DOC_COMMANDS = [
 
 
 def test_the_docs_hold_command_lines():
-    docs = {doc.name for doc, _ in (param.values for param in DOC_COMMANDS)}
-    assert {"SKILL.md", "troubleshooting.md", "README.md"} <= docs
+    docs = {doc for doc, _ in (param.values for param in DOC_COMMANDS)}
+    assert {SKILL / "SKILL.md", TROUBLESHOOTING, README} <= docs
+    assert any(doc.parent == DOCS_DIR for doc in docs), "no page in docs/ quotes a command line"
     subcommands = {args[0] for _, args in (param.values for param in DOC_COMMANDS) if args}
     assert {"download", "apply", "status", "verify", "bench", "restore", "skill"} <= subcommands
 
@@ -145,7 +157,7 @@ def test_the_docs_hold_command_lines():
 @pytest.mark.parametrize(("doc", "args"), DOC_COMMANDS)
 def test_documented_command_line_parses(doc: Path, args: list[str]):
     problem = rejected(args)
-    assert problem is None, f"{doc.name}: `pto-patch {' '.join(args)}` is rejected by the CLI: {problem}"
+    assert problem is None, f"{doc_id(doc)}: `pto-patch {' '.join(args)}` is rejected by the CLI: {problem}"
 
 
 @pytest.mark.parametrize(
@@ -168,12 +180,17 @@ def test_the_check_finds_commands_in_shell_lines_and_inline_code():
     markdown = (
         "Run `pto-patch status --json` first.\n\n```\n"
         "HF_HUB_OFFLINE=1 pto-patch download --output-dir m --json | python x.py  # a comment\n"
-        "ruff check . && pto-patch demo > out.json\n```\n"
+        "ruff check . && pto-patch demo > out.json\n```\n\n"
+        "1. In a list:\n\n   ```\n   pto-patch restore --model-path m\n   ```\n"
     )
     assert command_lines(markdown) == [
         ["download", "--output-dir", "m", "--json"],
         ["demo"],
+        ["restore", "--model-path", "m"],
         ["status", "--json"],
+    ]
+    assert quoted_messages("- a list item:\n\n  ```\n  error: the kernel exploded\n  ```\n") == [
+        ("error", "the kernel exploded")
     ]
 
 
@@ -195,11 +212,11 @@ def quoted_exit_codes(markdown: str) -> set[int]:
     return codes
 
 
-@pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.is_file()], ids=lambda doc: doc.name)
+@pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.is_file()], ids=doc_id)
 def test_quoted_exit_codes_exist(doc: Path):
     unknown = quoted_exit_codes(doc.read_text(encoding="utf-8")) - EXIT_CODES
     assert not unknown, (
-        f"{doc.name} quotes exit code(s) {sorted(unknown)} that pto_patch.errors does not define"
+        f"{doc_id(doc)} quotes exit code(s) {sorted(unknown)} that pto_patch.errors does not define"
     )
 
 
@@ -280,7 +297,7 @@ def matches(quoted: str, templates: set[str]) -> bool:
     return False
 
 
-QUOTE = re.compile(r"^(error|hint|failed|warning): (.+)$", re.M)
+QUOTE = re.compile(r"^[ \t]*(error|hint|failed|warning): (.+)$", re.M)
 
 
 def quoted_messages(markdown: str) -> list[tuple[str, str]]:
@@ -289,6 +306,12 @@ def quoted_messages(markdown: str) -> list[tuple[str, str]]:
 
 
 TROUBLESHOOTING_QUOTES = quoted_messages(TROUBLESHOOTING.read_text(encoding="utf-8"))
+DOC_QUOTES = [
+    pytest.param(doc, kind, text, id=f"{doc_id(doc)}: {text[:60]}")
+    for doc in DOCS
+    if doc.is_file()
+    for kind, text in quoted_messages(doc.read_text(encoding="utf-8"))
+]
 RAISED, OTHER_STRINGS = code_messages()
 
 
@@ -297,13 +320,11 @@ def test_troubleshooting_quotes_many_messages():
     assert kinds.count("error") >= 40 and kinds.count("hint") >= 40 and "failed" in kinds
 
 
-@pytest.mark.parametrize(
-    ("kind", "text"), TROUBLESHOOTING_QUOTES, ids=[t[:60] for _, t in TROUBLESHOOTING_QUOTES]
-)
-def test_quoted_message_exists_in_the_code(kind: str, text: str):
+@pytest.mark.parametrize(("doc", "kind", "text"), DOC_QUOTES)
+def test_quoted_message_exists_in_the_code(doc: Path, kind: str, text: str):
     # error / hint lines come from a raised PtoPatchError; failed / warning lines from verify's reports.
     templates = RAISED if kind in ("error", "hint") else OTHER_STRINGS
-    assert matches(text, templates), f"troubleshooting.md quotes a {kind} the code never prints: {text!r}"
+    assert matches(text, templates), f"{doc_id(doc)} quotes a {kind} the code never prints: {text!r}"
 
 
 def test_the_message_check_catches_made_up_and_edited_messages():
@@ -311,3 +332,161 @@ def test_the_message_check_catches_made_up_and_edited_messages():
     assert not matches("the kernel exploded in {folder}", RAISED)
     assert not matches("model folder {folder} (from {origin}) is missing", RAISED)  # reworded
     assert not matches("{folder}", RAISED)  # no literal text to check
+
+
+# --- links between pages ------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto:, ...
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+HTML_ANCHOR = re.compile(r"<[^>]+\b(?:id|name)=\"([^\"]+)\"", re.I)
+INLINE_CODE = re.compile(r"`+[^`\n]*`+")
+
+
+def _prose(markdown: str) -> str:
+    """`markdown` without fenced blocks and inline code, where a `[x](y)` is no link."""
+    return INLINE_CODE.sub("", FENCE.sub("", markdown))
+
+
+def link_targets(markdown: str) -> list[str]:
+    """Every relative link target of `markdown` (inline and reference-style), external ones left out."""
+    prose = _prose(markdown)
+    targets = LINK.findall(prose) + REFERENCE_LINK.findall(prose)
+    return [target for target in targets if not EXTERNAL.match(target)]
+
+
+def heading_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: link text kept, lower case, punctuation gone, spaces to `-`."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The `#anchors` a page offers: one per heading (repeats get `-1`, `-2`, ...), and HTML ids."""
+    found, seen = set(HTML_ANCHOR.findall(markdown)), {}
+    for heading in HEADING.findall(FENCE.sub("", markdown)):
+        slug = heading_slug(heading)
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def dead_links(doc: Path, markdown: str) -> list[str]:
+    """The links of `markdown` (the text of `doc`) that lead to no file, or to no heading in it."""
+    dead = []
+    for target in link_targets(markdown):
+        path, _, anchor = target.partition("#")
+        page = (doc.parent / path).resolve() if path else doc
+        if path and not page.exists():
+            dead.append(f"{target} (no such file)")
+        elif anchor and page.suffix == ".md":
+            text = page.read_text(encoding="utf-8") if path else markdown
+            if anchor.lower() not in anchors(text):
+                dead.append(f"{target} (no heading #{anchor} in {page.name})")
+    return dead
+
+
+LINKED_DOCS = [doc for doc in DOCS if doc.is_file()]
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=doc_id)
+def test_links_lead_to_pages_and_headings_that_exist(doc: Path):
+    dead = dead_links(doc, doc.read_text(encoding="utf-8"))
+    assert not dead, f"{doc_id(doc)} links to what is not there: {dead}"
+
+
+def test_the_link_check_catches_dead_links_and_skips_code(tmp_path: Path):
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("# A page\n\n## Undo, and never lose a byte\n\n## Undo, and never lose a byte\n")
+    readme = tmp_path / "README.md"
+    markdown = (
+        "See [the page](docs/page.md), [its heading](docs/page.md#undo-and-never-lose-a-byte),\n"
+        "[the repeat](docs/page.md#undo-and-never-lose-a-byte-1), [here](#top) and "
+        "[the hub](https://huggingface.co).\n"
+        "[gone]: docs/gone.md\n\n"
+        "A [moved page](docs/moved.md) and [a lost heading](docs/page.md#undo) and "
+        "[a third repeat](docs/page.md#undo-and-never-lose-a-byte-2).\n\n"
+        "`[not a link](docs/nowhere.md)`\n\n```\n[nor this](docs/nowhere.md)\n```\n"
+        '<a id="top"></a>\n'
+    )
+    assert dead_links(readme, markdown) == [
+        "docs/moved.md (no such file)",
+        "docs/page.md#undo (no heading #undo in page.md)",
+        "docs/page.md#undo-and-never-lose-a-byte-2 (no heading #undo-and-never-lose-a-byte-2 in page.md)",
+        "docs/gone.md (no such file)",
+    ]
+
+
+def test_heading_slugs_are_githubs():
+    assert heading_slug("Proving it: `verify`, `bench`, `demo`") == "proving-it-verify-bench-demo"
+    assert (
+        heading_slug("The kernel package (`kernels/pto_kernels/`)") == "the-kernel-package-kernelspto_kernels"
+    )
+    assert (
+        heading_slug("Read-only model stores: `apply --overlay`") == "read-only-model-stores-apply---overlay"
+    )
+
+
+# --- the front page -----------------------------------------------------------------------------------
+
+DOC_PAGES = sorted(DOCS_DIR.glob("*.md"))
+
+
+def test_the_readme_is_a_front_page():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, more than {README_MAX_LINES}: move the depth into a docs/ page"
+    )
+    assert len(DOC_PAGES) >= 4
+
+
+def linked_pages(doc: Path) -> set[Path]:
+    """The files `doc` links to (anchors dropped)."""
+    found = set()
+    for target in link_targets(doc.read_text(encoding="utf-8")):
+        path = target.partition("#")[0]
+        if path:
+            found.add((doc.parent / path).resolve())
+    return found
+
+
+def opening_problem(markdown: str) -> str | None:
+    """None when a page opens with a `# title` and then a sentence of prose; else what is wrong."""
+    lines = markdown.splitlines()
+    if not lines or not re.fullmatch(r"# \S.*", lines[0]):
+        return "it does not start with a `# title`"
+    first = next((line for line in lines[1:] if line.strip()), "")
+    if not first or re.match(r"#|```|\||<|[-*+] ", first):  # a heading, code, a table, HTML, a list
+        return "say in a sentence under the title what a reader comes to this page for"
+    return None
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=doc_id)
+def test_every_docs_page_is_linked_from_the_readme(page: Path):
+    assert page.resolve() in linked_pages(README), (
+        f"README.md does not link {doc_id(page)}: add a line to its Documentation list, "
+        f"`- [title]({doc_id(page)}): what a reader finds there`"
+    )
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=doc_id)
+def test_every_docs_page_starts_with_its_title_and_what_it_is_for(page: Path):
+    problem = opening_problem(page.read_text(encoding="utf-8"))
+    assert problem is None, f"{doc_id(page)}: {problem}"
+
+
+def test_the_front_page_checks_catch_an_unlinked_page_and_a_bare_title(tmp_path: Path):
+    (tmp_path / "docs").mkdir()
+    for name in ("linked.md", "unlinked.md"):
+        (tmp_path / "docs" / name).write_text(f"# {name}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("- [Linked](docs/linked.md#linkedmd)\n\n`[not a link](docs/unlinked.md)`\n")
+    assert linked_pages(readme) == {(tmp_path / "docs" / "linked.md").resolve()}
+    assert opening_problem("# Tuning\n\nWhich ops pay off on this device, and how tune decides.\n") is None
+    assert opening_problem("# Tuning\n\n**Rewrite cache.** A rewrite depends on its inputs.\n") is None
+    assert opening_problem("Tuning\n\nWhich ops pay off.\n") is not None
+    assert opening_problem("# Tuning\n\n```\npto-patch tune\n```\n") is not None
+    assert opening_problem("# Tuning\n\n## Why\n") is not None
+    assert opening_problem("# Tuning\n") is not None
