@@ -64,7 +64,7 @@ def _apply_text(result) -> None:
         out.print(f"overlay of {result.overlay_of} (left untouched) written to {result.folder}")
     out.print(
         f"patched {result.folder} for ops {', '.join(result.ops)} "
-        f"(source: transformers {result.release}, {result.source})"
+        f"(source: transformers {result.source_release or result.release}, {result.source})"
     )
     added = sum(1 for _, action in result.files if action == "added")
     out.print(f"  {len(result.files) - added} file(s) modified, {added} added, in {result.elapsed_s:.2f} s")
