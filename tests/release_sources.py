@@ -31,7 +31,8 @@ PYPI_UNREACHABLE = (
     "Connection refused",
 )
 
-RELEASES = ("4.57.6", "5.0.0", "5.8.1", "5.16.1", "5.24.0")
+# The codemod tests' releases; the load tests' are tests/release_envs.py's ENV_RELEASES.
+RELEASES = ("4.57.6", "5.0.0", "5.8.1", "5.16.1", "5.24.0", "5.25.0")
 MODEL_DIR = "transformers/models/qwen2_5_vl"
 FILES = ("modeling_qwen2_5_vl.py", "configuration_qwen2_5_vl.py")
 DOWNLOAD_TIMEOUT_S = 300

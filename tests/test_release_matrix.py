@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.release_envs import EnvUnavailable, release_env, unmet_requirements
+from tests.release_envs import ENV_RELEASES, EnvUnavailable, release_env, unmet_requirements
 
 REPO = Path(__file__).resolve().parents[1]
-RELEASES = ("4.57.6", "5.0.0", "5.8.1", "5.16.1")
+RELEASES = ENV_RELEASES  # the one list (tests/release_envs.py); the venv's own release is not in it
 RUN_TIMEOUT_S = 300
 
 # Runs under the release's transformers; prints one JSON line of facts for the asserts.
@@ -53,12 +53,23 @@ facts["manifest_release"] = manifest.transformers_release
 facts["manifest_source"] = manifest.source
 
 from transformers import AutoModelForImageTextToText, Qwen2_5_VLForConditionalGeneration
+from pto_patch.model.spec import load_spec
+from pto_patch.run.hub_kernels import load_arguments
+from pto_patch.run.patchers import find_other_patchers
 
+# As pto-patch loads (5.25 would otherwise kernelize, and without `kernels` refuse to load at all).
 dtype = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+dtype.update(load_arguments(False))
 patched, info = AutoModelForImageTextToText.from_pretrained(
     str(folder), trust_remote_code=True, output_loading_info=True, attn_implementation="eager", **dtype
 )
 stock = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", **dtype)
+# Anything a release does at load that sets a forward or replaces a patched function shows here.
+facts["other_patchers"] = [p.to_json() for p in find_other_patchers(patched, load_spec("gutenocr_3b"))]
+facts["forwards_after_load"] = sorted(
+    {f"{type(m).__name__}.forward from {getattr(type(m).forward, '__module__', '?')}" for m in patched.modules()
+     if type(m).__name__.endswith(("RMSNorm", "MLP")) and "forward" not in m.__dict__}
+)
 facts["class"] = type(patched).__name__
 facts["module"] = type(patched).__module__
 facts["missing"] = sorted(info["missing_keys"])
@@ -152,6 +163,7 @@ except Exception as exc:
 
 # The fused backend again in bfloat16, the dtype GutenOCR ships and runs in: loaded as users load it.
 bf16 = {"dtype": torch.bfloat16} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.bfloat16}
+bf16.update(load_arguments(False))
 patched = AutoModelForImageTextToText.from_pretrained(
     str(folder), trust_remote_code=True, attn_implementation="eager", **bf16
 )
@@ -249,6 +261,17 @@ def test_patch_takes_the_release_source_and_loads_every_weight(under_release):
     assert facts["module"].startswith("transformers_modules.")
     assert facts["kernels_from"].startswith(facts["folder"])
     assert facts["missing"] == [] and facts["unexpected"] == [], facts
+
+
+@pytest.mark.slow
+def test_no_other_patcher_takes_a_patched_op_at_load(under_release):
+    """Fails when a release starts to patch at load time (as 5.25's hub kernels would, on by default):
+    every patched class keeps the forward apply wrote, every patched function is still the module's."""
+    release, facts = under_release
+    assert facts["other_patchers"] == [], f"transformers {release}: {facts['other_patchers']}"
+    remote = facts["module"]
+    assert facts["forwards_after_load"], facts
+    assert all(line.endswith(f"from {remote}") for line in facts["forwards_after_load"]), facts
 
 
 @pytest.mark.slow

@@ -131,6 +131,15 @@ AllowModifiedOpt = Annotated[
     ),
 ]
 
+HubKernelsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--hub-kernels",
+        "--hub_kernels",
+        help="Load with Hugging Face hub kernels (use_kernels=True); off by default, so only the patch decides.",
+    ),
+]
+
 
 def as_options(options_class: type, parameters: dict[str, Any]):
     """The options dataclass from a command's parameters, which bear its field names (all but --json)."""

@@ -64,7 +64,7 @@ def _apply_text(result) -> None:
         out.print(f"overlay of {result.overlay_of} (left untouched) written to {result.folder}")
     out.print(
         f"patched {result.folder} for ops {', '.join(result.ops)} "
-        f"(source: transformers {result.release}, {result.source})"
+        f"(source: transformers {result.source_release or result.release}, {result.source})"
     )
     added = sum(1 for _, action in result.files if action == "added")
     out.print(f"  {len(result.files) - added} file(s) modified, {added} added, in {result.elapsed_s:.2f} s")
@@ -284,6 +284,8 @@ def _verify_text(report) -> None:
         f"{len(load.mismatched_keys)} mismatched key(s)"
         + ("" if load.lm_head_tied is None else f", lm_head tied: {load.lm_head_tied}")
     )
+    if load.hub_kernels:
+        out.print(f"  hub kernels: {load.hub_kernels}", markup=False, highlight=False)
     for fix in report.rope_fixes:
         out.print(f"  rope fix: {fix}")
     _other_patchers(report.other_patchers)
@@ -463,6 +465,8 @@ def _bench_text(result) -> None:
         f"/ {result.copy_bandwidth_bytes_s / 1e9:.2f} GB/s copy bandwidth = {floor_s * 1000:.2f} ms"
     )
     out.print(f"  peak memory: {result.peak_memory_source}")
+    if result.load_info.hub_kernels:
+        out.print(f"  hub kernels: {result.load_info.hub_kernels}", markup=False, highlight=False)
     _compilation(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
     for run in result.runs:

@@ -18,6 +18,12 @@ class ModelSources:
     configuration: Path
     release: str  # the transformers release the source belongs to (or is installed beside it)
     from_folder: bool  # the model folder shipped its own modeling file
+    source_release: str | None = None  # where the folder's own file comes from (model/source_release.py)
+
+    @property
+    def origin(self) -> str:
+        """The release the modeling file comes from, as apply's summary and the banner say it."""
+        return self.source_release or self.release
 
 
 def installed_transformers_release() -> str | None:
@@ -91,7 +97,10 @@ def locate_sources(folder: Path, spec: ModelSpec) -> ModelSources:
                 f"transformers {release} has none at {installed_configuration}",
                 f"install a transformers release that has models/{spec.transformers_model_dir}",
             )
-        return ModelSources(own_modeling, configuration, release, from_folder=True)
+        from pto_patch.model.source_release import folder_source_release
+
+        origin = folder_source_release(Path(folder), own_modeling, installed_modeling, release)
+        return ModelSources(own_modeling, configuration, release, from_folder=True, source_release=origin)
     if not installed_modeling.is_file() or not installed_configuration.is_file():
         raise SourceNotFoundError(
             f"transformers {release} has no {spec.modeling_file} under {model_dir}",

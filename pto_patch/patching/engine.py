@@ -165,6 +165,7 @@ def _apply_locked(
         ops=chosen,
         release=info["release"],
         source=info["source"],
+        source_release=info["source_release"],
         files=tuple((item.path, item.action) for item in planned),
         config_changes=info["config_changes"],
     )

@@ -248,6 +248,7 @@ def apply_overlay(
             ops=chosen,
             release=info["release"],
             source=info["source"],
+            source_release=info["source_release"],
             files=tuple((item.path, "added") for item in planned),
             config_changes=info["config_changes"],
             overlay_of=source,

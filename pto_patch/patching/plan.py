@@ -55,6 +55,7 @@ class ApplyResult:
     release: str
     source: str
     files: tuple[tuple[str, str], ...]  # (path, "added" | "modified")
+    source_release: str | None = None  # the release the source file comes from, where not `release`
     config_changes: tuple[ConfigChange, ...] = ()  # what apply changes (or changed) in config.json
     dry_run: bool = False
     diff: str = ""
@@ -148,7 +149,7 @@ def plan_patch(
     context = PatchContext(
         spec=spec,
         ops=ops,
-        release=sources.release,
+        release=sources.origin,
         tool_version=__version__,
         source_sha256=sha256_bytes(modeling_bytes),
     )
@@ -178,6 +179,7 @@ def plan_patch(
         "source": str(sources.modeling),
         "source_sha256": context.source_sha256,
         "from_folder": sources.from_folder,
+        "source_release": sources.origin,
         "config_changes": tuple(config_changes(config.data, new_data)),
     }
     return planned, info

@@ -21,6 +21,7 @@ from pto_patch.patching.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
 from pto_patch.run.folder import FolderState, check_folder
+from pto_patch.run.hub_kernels import check_hub_kernels, describe_hub_kernels, load_arguments
 from pto_patch.run.report import LoadInfo, OtherPatcher
 
 _ROPE_DATA_KEYS = ("head_dim", "hidden_size", "num_attention_heads", *ROPE_KEYS)
@@ -116,8 +117,10 @@ def load_model(
     *,
     use_pto: bool,
     allow_modified: bool,
+    hub_kernels: bool = False,
 ) -> LoadedModel:
-    """Check the folder, import its kernel package, and load the model once (remote code, eager attention)."""
+    """Check the folder, import its kernel package, and load the model once (remote code, eager attention,
+    hub kernels only with `hub_kernels`: see `pto_patch.run.hub_kernels`)."""
     state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
     kernels = None
     if use_pto:
@@ -129,6 +132,7 @@ def load_model(
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # the rendered report is the output
+    check_hub_kernels(hub_kernels)
 
     torch_dtype = resolve_dtype(dtype_name)
     started = time.perf_counter()
@@ -144,6 +148,7 @@ def load_model(
             output_loading_info=True,
             # A wrong-shaped tensor then shows in load_info (verify fails, exit 3) instead of raising.
             ignore_mismatched_sizes=True,
+            **load_arguments(hub_kernels),
         )
     except (OSError, ValueError, KeyError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -166,6 +171,7 @@ def load_model(
         unexpected_keys=_keys(info, "unexpected_keys"),
         mismatched_keys=_keys(info, "mismatched_keys"),
         lm_head_tied=tied,
+        hub_kernels=describe_hub_kernels(model, hub_kernels),
     )
     return LoadedModel(
         spec=spec,

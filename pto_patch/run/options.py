@@ -35,6 +35,7 @@ class RunOptions:
     use_acl_graph: bool = False
     use_dynamic_config: bool = False
     allow_modified: bool = False
+    hub_kernels: bool = False  # load with use_kernels=True (run/hub_kernels.py)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -8,6 +8,7 @@ bypasses the guard, the PTO kernel cannot run there, and verify says so.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import sys
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from pto_patch.model.spec import ModelSpec
 from pto_patch.run.report import OtherPatcher
 
 OTHER_PATCHER_HINT = "load the model without the other patcher, or `pto-patch restore` and apply after it"
+HUB_KERNEL_MARK = (
+    "kernelized: hub kernel layer"  # in `how` where Hugging Face kernels' kernelize set the forward
+)
+HUB_KERNEL_HINT = "drop --hub-kernels: the patch's guards then decide every patched op"
 
 
 def _code_of(function):
@@ -39,6 +44,39 @@ def _wraps_guard(function, op: str, switches: dict[str, str]) -> bool:
         if op in guarded_ops(function, switches):
             return True
     return False
+
+
+def _reaches_guard(function, op: str, switches: dict[str, str]) -> bool:
+    """`function` is the guarded one, wraps it (functools.wraps), or calls it from its closure: the
+    module `kernels` makes of a hub-decorated function (`use_kernel_forward_from_hub` on a function)
+    has a forward that calls the function it was made from."""
+    if op in guarded_ops(function, switches) or _wraps_guard(function, op, switches):
+        return True
+    for cell in getattr(getattr(function, "__func__", function), "__closure__", None) or ():
+        try:
+            held = cell.cell_contents
+        except ValueError:  # a cell not yet bound
+            continue
+        if callable(held) and not isinstance(held, type):
+            if op in guarded_ops(held, switches) or _wraps_guard(held, op, switches):
+                return True
+    return False
+
+
+def _global_bypass(value, op: str, switches: dict[str, str]) -> str | None:
+    """How a module global that carried the guard when apply wrote it now skips it; None if it does not."""
+    import torch
+
+    if isinstance(value, torch.nn.Module):  # `kernels` turned the function into a module instance
+        forward = value.__dict__.get("forward") or type(value).forward
+        if _reaches_guard(forward, op, switches):
+            return None
+        hub_layer = getattr(type(value), "kernel_layer_name", None)
+        by = f" ({HUB_KERNEL_MARK} {hub_layer!r})" if hub_layer else ""
+        return f"module global's forward{by}: {_describe(forward)}"
+    if inspect.isclass(value) or not _reaches_guard(value, op, switches):
+        return f"module global replaced by {_describe(value)}"
+    return None
 
 
 def _describe(function) -> str:
@@ -76,8 +114,6 @@ def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
     Run-time patchers (Liger's `model=` path, Hugging Face `kernels`' kernelize) set `forward` on
     module instances; others replace a class's `forward` or a module-level function after import.
     """
-    import inspect
-
     import torch
 
     switches = {injection.switch: op for op, injection in spec.injections.items()}
@@ -96,8 +132,8 @@ def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
         if value is None or (inspect.isclass(value) and value in classes):
             continue
         for op in ops:
-            if inspect.isclass(value) or op not in guarded_ops(value, switches):
-                how = f"module global replaced by {_describe(value)}"
+            how = _global_bypass(value, op, switches)
+            if how is not None:
                 found.append(OtherPatcher(op, f"{module.__name__}.{name}", how, True))
     functions = {name for name in targets if not inspect.isclass(vars(module).get(name))}
     for path, layer in model.named_modules():
@@ -126,7 +162,7 @@ def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
 def _forward_patchers(path: str, layer, op: str, switches: dict[str, str]) -> list[OtherPatcher]:
     """The one instance's effective forward: set on the instance, or its class's (maybe replaced) forward."""
     hub_layer = getattr(type(layer), "kernel_layer_name", None)
-    by = f" (kernelized: hub kernel layer {hub_layer!r})" if hub_layer else ""
+    by = f" ({HUB_KERNEL_MARK} {hub_layer!r})" if hub_layer else ""
     instance_forward = layer.__dict__.get("forward")
     if instance_forward is not None:
         if op in guarded_ops(instance_forward, switches):
@@ -145,12 +181,13 @@ def _forward_patchers(path: str, layer, op: str, switches: dict[str, str]) -> li
 
 
 def _kernelized_functions(path, layer, module, functions, targets, switches) -> list[OtherPatcher]:
-    """Functions `use_kernelized_func` keeps on an instance (transformers 5.x: `_hidden_kernels`).
+    """Functions `use_kernelized_func` keeps on an instance (transformers 5.0 - 5.8: `_hidden_kernels`;
+    from 5.16 the `kernels` package's, `_kernel_funcs`).
 
     They bypass the guard only where the layer's forward calls them instead of the module global.
     """
-    hidden = layer.__dict__.get("_hidden_kernels")
-    if not isinstance(hidden, dict):
+    hidden = {**(layer.__dict__.get("_hidden_kernels") or {}), **(layer.__dict__.get("_kernel_funcs") or {})}
+    if not hidden:
         return []
     code = _code_of(type(layer).forward)
     calls_global = code.co_names if code is not None else ()
@@ -159,7 +196,7 @@ def _kernelized_functions(path, layer, module, functions, targets, switches) -> 
         if name not in functions or function is vars(module).get(name):
             continue
         op = targets[name][0]
-        if op in guarded_ops(getattr(function, "forward", function), switches):
+        if _reaches_guard(getattr(function, "forward", function), op, switches):
             continue
         how = f"use_kernelized_func holds {_describe(function)} for {name}"
         found.append(OtherPatcher(op, path, how, name not in calls_global))
@@ -185,9 +222,10 @@ def other_patcher_checks(
         )
     for op, found in bypassed.items():
         first = found[0]
+        hint = HUB_KERNEL_HINT if all(HUB_KERNEL_MARK in p.how for p in found) else OTHER_PATCHER_HINT
         message = (
             f"{op}: {len(found)} module(s) bypass the injected guard, first {first.module} ({first.how}); "
-            f"the PTO kernel cannot run there: {OTHER_PATCHER_HINT}"
+            f"the PTO kernel cannot run there: {hint}"
         )
         if op in switched_on:
             failures.append(message)

@@ -193,6 +193,7 @@ class LoadInfo:
     unexpected_keys: list[str]
     mismatched_keys: list[str]
     lm_head_tied: bool | None  # None when the config does not tie it
+    hub_kernels: str | None = None  # how the load treated Hugging Face hub kernels (run/hub_kernels.py)
 
     @property
     def ok(self) -> bool:

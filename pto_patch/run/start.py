@@ -40,7 +40,13 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
         folder
     ):  # no apply or restore may change the files while they are checked and loaded
         loaded = loading.load_model(
-            spec, folder, device, options.dtype, use_pto=use_pto, allow_modified=options.allow_modified
+            spec,
+            folder,
+            device,
+            options.dtype,
+            use_pto=use_pto,
+            allow_modified=options.allow_modified,
+            hub_kernels=options.hub_kernels,
         )
     warnings: list[str] = []
     if loaded.state.modified_files:

@@ -44,6 +44,7 @@ NOT_APPLICABLE = (
     ("--atol", "atol", None),
     ("--rtol", "rtol", None),
     ("--allow-modified", "allow_modified", False),
+    ("--hub-kernels", "hub_kernels", False),
 )
 
 

@@ -15,6 +15,7 @@ from pto_patch.cli.options import (
     DeviceOpt,
     DtypeOpt,
     DynamicConfigOpt,
+    HubKernelsOpt,
     ImageOpt,
     ItersOpt,
     JsonOpt,
@@ -53,6 +54,7 @@ def bench(
     use_acl_graph: AclGraphOpt = False,
     use_dynamic_config: DynamicConfigOpt = False,
     allow_modified: AllowModifiedOpt = False,
+    hub_kernels: HubKernelsOpt = False,
     output_dir: Annotated[
         Path,
         typer.Option(

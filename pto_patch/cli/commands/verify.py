@@ -15,6 +15,7 @@ from pto_patch.cli.options import (
     DeviceOpt,
     DtypeOpt,
     DynamicConfigOpt,
+    HubKernelsOpt,
     ImageOpt,
     ItersOpt,
     JsonOpt,
@@ -63,6 +64,7 @@ def verify(
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A kernel fallback fails verification.")] = False,
     allow_modified: AllowModifiedOpt = False,
+    hub_kernels: HubKernelsOpt = False,
     report_file: Annotated[
         Path | None, typer.Option("--report-file", "--report_file", help="Write the JSON report here.")
     ] = None,
