@@ -286,7 +286,9 @@ def test_gutenocrs_sections_are_left_to_vllm_ascends_npu_mrope_and_the_log_says_
     with caplog.at_level(logging.INFO, logger="vllm.plugins.pto_kernels"):
         rope = vllm.MRotaryEmbedding(128, [16, 24, 24])
     assert not rope.pto_kernels_on and "npu_mrope" in rope.pto_runs
-    assert "AscendMRotaryEmbedding (mrope_section [16, 24, 24]: one torch_npu.npu_mrope kernel)" in caplog.text
+    assert (
+        "AscendMRotaryEmbedding (mrope_section [16, 24, 24]: one torch_npu.npu_mrope kernel)" in caplog.text
+    )
     rope(positions, query, key)
     assert vllm.AscendMRotaryEmbedding.npu_mrope_calls == 1 and _calls(kernels)["mrope"] == 0
     assert vllm.MRotaryEmbedding(32, [4, 6, 6]).pto_kernels_on  # other sections: pto_kernels runs them
@@ -310,7 +312,9 @@ def test_a_norm_with_vllm_ascends_bias_keeps_the_bias(kernels, residual):
     biased.load_bias(torch.full((64,), 0.25))
     assert not biased.pto_kernels_on and "a norm bias" in biased.pto_runs
     got = biased(x, res) if residual else biased(x)
-    plain = vllm.RMSNorm.forward_native(biased, x, res) if residual else vllm.RMSNorm.forward_native(biased, x)
+    plain = (
+        vllm.RMSNorm.forward_native(biased, x, res) if residual else vllm.RMSNorm.forward_native(biased, x)
+    )
     expected = (plain[0] + 0.25, plain[1]) if residual else plain + 0.25
     torch.testing.assert_close(got, expected)
     assert _calls(kernels)["rms_norm"] == 0

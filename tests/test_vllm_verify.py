@@ -235,7 +235,10 @@ def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(tiny: Pa
     monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
     monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
     report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True))
-    assert report.passed and f"mrope: every layer left to the class underneath: 1 run {ascend}" in report.warnings
+    assert (
+        report.passed
+        and f"mrope: every layer left to the class underneath: 1 run {ascend}" in report.warnings
+    )
     render.show(report, as_json=False)
     assert "MRotaryEmbedding: 1 layer(s) run vllm_ascend.ops" in capsys.readouterr().out
     pto["workers"][0]["layers"]["MRotaryEmbedding"]["runs"] = {"pto_patch.serving.vllm_layers.PtoX": 1}
