@@ -131,7 +131,9 @@ def count_decode_step(folder: Path, backend: str = "fused") -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="2,36", help="comma list of decoder layer counts")
-    parser.add_argument("--backend", choices=("fused", "npu"), default="fused", help="the pto_kernels backend")
+    parser.add_argument(
+        "--backend", choices=("fused", "npu"), default="fused", help="the pto_kernels backend"
+    )
     parser.add_argument("--json", type=Path, help="write the counts here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))

@@ -72,7 +72,10 @@ def make_module(release: str = "26.0.0") -> types.ModuleType:
         if not 2 <= self.dim() <= 8:
             _refuse("npu_rms_norm", f"self has {self.dim()} dims; 2 to 8 are supported")
         if self.shape[self.dim() - gamma.dim() :] != gamma.shape:
-            _refuse("npu_rms_norm", f"gamma {tuple(gamma.shape)} is not the trailing dims of self {tuple(self.shape)}")
+            _refuse(
+                "npu_rms_norm",
+                f"gamma {tuple(gamma.shape)} is not the trailing dims of self {tuple(self.shape)}",
+            )
         if (self.dtype, gamma.dtype) not in {(d, d) for d in FLOATS} | {
             (torch.float16, torch.float32),
             (torch.bfloat16, torch.float32),
@@ -169,7 +172,10 @@ def make_module(release: str = "26.0.0") -> types.ModuleType:
         elif section not in MROPE_SECTIONS:
             _refuse(op, f"mrope_section {section} is not one of {list(MROPE_SECTIONS)}")
         elif positions.dim() != 2 or positions.shape[0] != len(section) or 2 * sum(section) != rotary_dim:
-            _refuse(op, f"mrope_section {section} needs positions ({len(section)}, T) and rotary_dim {2 * sum(section)}")
+            _refuse(
+                op,
+                f"mrope_section {section} needs positions ({len(section)}, T) and rotary_dim {2 * sum(section)}",
+            )
         if rotary_mode not in ("half", "interleaved"):
             _refuse(op, f"rotary_mode {rotary_mode!r}: 'half' or 'interleaved'")
         if cache_mode not in ("default", "interleave") or (cache_mode == "interleave" and section is None):
@@ -201,14 +207,22 @@ def make_module(release: str = "26.0.0") -> types.ModuleType:
             positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, rotary_mode="half",
             cache_mode="default",
         ):  # fmt: skip
-            return _mrope(positions, query, key, cos_sin_cache, head_size, mrope_section, rotary_mode, cache_mode)
+            return _mrope(
+                positions, query, key, cos_sin_cache, head_size, mrope_section, rotary_mode, cache_mode
+            )
 
     else:
 
-        def npu_mrope(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, rotary_mode="half"):
-            return _mrope(positions, query, key, cos_sin_cache, head_size, mrope_section, rotary_mode, "default")
+        def npu_mrope(
+            positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, rotary_mode="half"
+        ):
+            return _mrope(
+                positions, query, key, cos_sin_cache, head_size, mrope_section, rotary_mode, "default"
+            )
 
-    def npu_apply_rotary_pos_emb(query, key, cos, sin, *, layout="BSND" if since_26 else "BSH", rotary_mode="half"):
+    def npu_apply_rotary_pos_emb(
+        query, key, cos, sin, *, layout="BSND" if since_26 else "BSH", rotary_mode="half"
+    ):
         op = "npu_apply_rotary_pos_emb"
         if layout not in ("BSND", "TND"):  # A2: BSND 4-D or TND 3-D only
             _refuse(op, f"layout {layout!r} is not supported on Atlas A2 (BSND or TND)")
