@@ -160,3 +160,21 @@ def test_the_mlp_runs_one_gemm_over_merged_gate_and_up_and_rebuilds_it_when_a_we
         mlp.up_proj.weight.mul_(2)  # changed in place: the merged copy must follow
         torch.testing.assert_close(pto_kernels.swiglu_mlp_wrapper(mlp, x), reference.swiglu_mlp(mlp, x))
     assert npu_backend.MERGED_GATE_UP.builds == builds + 2 and npu.calls["npu_swiglu"] == 3
+
+
+def test_the_npu_name_a_tuning_records_is_the_asked_devices(monkeypatch):
+    """torch_npu/npu/__init__.py (Ascend/pytorch master): get_device_name(index) checks the index, then names
+    the current device; get_device_properties(index).name names the device asked for."""
+    import types
+
+    names = ["Ascend910B3", "Ascend910B4"]
+    current = 0
+    stand_in = types.SimpleNamespace(
+        is_available=lambda: True,
+        get_device_name=lambda index=None: names[current],
+        get_device_properties=lambda index=None: types.SimpleNamespace(
+            name=names[current if index is None else index]
+        ),
+    )
+    monkeypatch.setattr(torch, "npu", stand_in, raising=False)
+    assert pto_kernels.tuning.npu_name(1) == "Ascend910B4" and stand_in.get_device_name(1) == "Ascend910B3"
