@@ -3,9 +3,13 @@
 It lets the `npu` backend's plumbing run here; it says nothing about speed or the real kernels' numerics
 beyond what is written below. Each op mirrors its schema in Ascend/op-plugin
 `op_plugin/config/op_plugin_functions.yaml` and its API page `docs/zh/custom_APIs/torch_npu/<op>.md`
-(branch 26.0.0 and master of 2026-08, for Atlas A2 = 910B; `release="7.3.0"` drops what 26.0.0 added):
-argument names and keyword-only markers, return arity, ranks, layouts, contiguity and dtype rules. A
-refused input raises RuntimeError, as an aclnn parameter check does on the device.
+(for Atlas A2 = 910B), in the schema of one op-plugin branch (`release`): 7.3.0; 26.0.0, which added
+`rotate` to npu_rotary_mul and `cache_mode` to npu_mrope; 26.1.0 (as master of 2026-08), whose
+npu_apply_rotary_pos_emb defaults to layout 'BSND' instead of 'BSH'. Mirrored: argument names and
+keyword-only markers, return arity, ranks, layouts, contiguity and dtype rules. A refused input raises
+RuntimeError, as an aclnn parameter check does on the device. Not mirrored (refused here although the
+real op may take it): npu_apply_rotary_pos_emb's 'BSH' layout, npu_rotary_mul's `rotate` matrix and
+npu_mrope's 'interleave' cache mode; pto_kernels uses none of them.
 
 `calls` counts each op; `copies` counts the contiguous copies aclnn makes in front of an op that takes a
 non-contiguous input (one more launch each). `inside` is entered around each op's body (a benchmark sets it
@@ -21,7 +25,7 @@ from collections import Counter
 import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-RELEASES = ("7.3.0", "26.0.0")
+RELEASES = ("7.3.0", "26.0.0", "26.1.0")
 # npu_mrope's mrope_section values (its API page): [0, 0, 0] or None is plain RoPE
 MROPE_SECTIONS = ([16, 24, 24], [24, 20, 20], [8, 12, 12], [16, 16, 16, 16])
 
@@ -50,7 +54,7 @@ def _rotary_table_fits(x: torch.Size, r: torch.Size) -> bool:
     return tuple(r[:3]) in {(1, 1, c), (a, 1, c), (a, b, c), (1, b, 1), (a, b, 1), (a, 1, 1)}
 
 
-def make_module(release: str = "26.0.0") -> types.ModuleType:
+def make_module(release: str = "26.1.0") -> types.ModuleType:
     assert release in RELEASES, release
     since_26 = release >= "26"
     mod = types.ModuleType("torch_npu")
@@ -221,7 +225,7 @@ def make_module(release: str = "26.0.0") -> types.ModuleType:
             )
 
     def npu_apply_rotary_pos_emb(
-        query, key, cos, sin, *, layout="BSND" if since_26 else "BSH", rotary_mode="half"
+        query, key, cos, sin, layout="BSND" if release >= "26.1" else "BSH", rotary_mode="half"
     ):
         op = "npu_apply_rotary_pos_emb"
         if layout not in ("BSND", "TND"):  # A2: BSND 4-D or TND 3-D only

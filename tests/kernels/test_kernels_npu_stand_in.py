@@ -76,6 +76,17 @@ def test_keywords_are_checked_as_the_schemas_name_them(npu):
             npu.npu_mrope(*_mrope_args(), mrope_section=[16, 24, 24], cache_mode="default")
     else:
         npu.npu_mrope(*_mrope_args(), mrope_section=[16, 24, 24], cache_mode="default")
+    bsnd = [
+        torch.randn(1, 2, 4, 128),
+        torch.randn(1, 2, 2, 128),
+        torch.rand(1, 2, 1, 128),
+        torch.rand(1, 2, 1, 128),
+    ]
+    if npu.release < "26.1":  # the default layout was 'BSH' before 26.1.0: BSND must be named
+        with pytest.raises(RuntimeError, match="layout 'BSH'"):
+            npu.npu_apply_rotary_pos_emb(*bsnd)
+    q, k = npu.npu_apply_rotary_pos_emb(*bsnd, "BSND")
+    assert q is bsnd[0] and k is bsnd[1]  # in place
 
 
 def test_npu_mrope_mixes_sections_as_its_api_page_writes():
