@@ -92,6 +92,8 @@ def _npu_mrope_takes(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def _rotary(q, k, cos, sin, unsqueeze_dim: int):
     """q, k [B, N, S, D] (unsqueeze_dim 1) or [B, S, N, D] (2); cos, sin mixed, unsqueezed at that dim."""
+    if unsqueeze_dim not in (1, 2):  # no layout these ops know: the reference's math
+        return reference.apply_rotary(q, k, cos, sin)
     npu = _torch_npu()
     to_bsnd = (lambda t: t.transpose(1, 2)) if unsqueeze_dim == 1 else (lambda t: t)
     q_bsnd, k_bsnd = to_bsnd(q), to_bsnd(k)  # as the projections wrote them: contiguous
