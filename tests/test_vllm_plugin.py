@@ -329,3 +329,15 @@ def test_a_cos_sin_cache_matched_in_place_is_read_from_the_layer(kernels, monkey
     monkeypatch.setattr(rope, "_match_cos_sin_cache_dtype", lambda query: None)
     torch.testing.assert_close(rope(positions, query, key), expected)
     assert _calls(kernels)["mrope"] == 1
+
+
+def test_the_stand_ins_refuse_what_vllm_and_vllm_ascend_refuse():
+    """vllm-ascend's forward_oot takes no offsets; a registry read in the other release's place is absent."""
+    vllm.reset("0.13.0")
+    (positions, query, key), _ = _inputs()["MRotaryEmbedding"]
+    rope = vllm.AscendMRotaryEmbedding(32, [4, 6, 6])
+    with pytest.raises(TypeError):
+        rope.forward_oot(positions, query, key, None)
+    with pytest.raises(AttributeError):
+        vllm.op_registry_oot  # noqa: B018 - the module attribute came with vLLM 0.16
+    vllm.reset()
