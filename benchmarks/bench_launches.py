@@ -1,6 +1,6 @@
 """Kernels per decode step: how many launches one generated token costs, baseline against PTO mode.
 
-    python benchmarks/bench_launches.py [--layers 2,36] [--json out.json]
+    python benchmarks/bench_launches.py [--layers 2,36] [--backend fused|npu] [--json out.json]
 
 For each layer count, builds `make-tiny --layers N` (random weights, the spec's narrow test widths: what
 is counted does not depend on the widths), applies the patch, loads the model as users do (transformers'
@@ -17,11 +17,19 @@ inside it. Two counts per mode: every aten op dispatched, and kernels, the ops t
 only changes a tensor's metadata: on an NPU it launches nothing). Per layer: the difference between the
 largest and the smallest layer count, over the difference in layers (what is outside the decoder layers,
 embedding, rotary tables, final norm, lm_head, cancels). Prints a table; asserts nothing.
+
+`--backend npu` counts what the `npu` backend launches instead, through the torch_npu stand-in of
+tests/kernels/stand_in_torch_npu.py (this machine has no NPU): the entries run eagerly, so the aten ops
+around each torch_npu op are counted, each torch_npu op counts as one kernel (the stand-in's CPU math
+inside it is not counted), and so does each contiguous copy aclnn makes in front of an op given a
+non-contiguous view. Its model has head_dim 128 (`--hidden-size 256 --heads 2`), so GutenOCR's
+mrope_section [16, 24, 24] and the torch_npu ops' head-size rules hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -37,7 +45,11 @@ MODES = {
 }
 
 
-def count_decode_step(folder: Path) -> dict[str, dict]:
+STAND_INS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
+NPU_WIDTHS = {"hidden_size": 256, "heads": 2}  # head_dim 128: mrope_section [16, 24, 24]
+
+
+def count_decode_step(folder: Path, backend: str = "fused") -> dict[str, dict]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import AutoModelForImageTextToText
@@ -46,12 +58,25 @@ def count_decode_step(folder: Path) -> dict[str, dict]:
         def __init__(self):
             super().__init__()
             self.ops: Counter[str] = Counter()
+            self.kernels: Counter[str] = Counter()  # the ops that are not views, by name
             self.views = 0
+            self.paused = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func.overloadpacket)] += 1
-            self.views += bool(getattr(func, "is_view", False))
+            if not self.paused:
+                self.ops[str(func.overloadpacket)] += 1
+                is_view = bool(getattr(func, "is_view", False))
+                self.views += is_view
+                self.kernels[str(func.overloadpacket)] += not is_view
             return func(*args, **(kwargs or {}))
+
+        @contextlib.contextmanager
+        def pause(self):
+            self.paused += 1
+            try:
+                yield
+            finally:
+                self.paused -= 1
 
     model = AutoModelForImageTextToText.from_pretrained(
         str(folder), trust_remote_code=True, dtype=torch.float32
@@ -60,25 +85,44 @@ def count_decode_step(folder: Path) -> dict[str, dict]:
     sys.path.insert(0, str(folder))
     import pto_kernels
 
-    pto_kernels._tracing = lambda: True  # the custom ops, as a compiled or captured model calls them
+    npu = None
+    if backend == "npu":
+        sys.path.insert(0, str(STAND_INS))
+        import stand_in_torch_npu
+
+        npu = sys.modules["torch_npu"] = stand_in_torch_npu.make_module()
+    else:
+        pto_kernels._tracing = lambda: True  # the custom ops, as a compiled or captured model calls them
     prompt = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
     results = {}
     for mode, ops in MODES.items():
-        with torch.no_grad(), pto_kernels.enabled(ops, backend="fused"):
+        with torch.no_grad(), pto_kernels.enabled(ops, backend=backend):
             out = model(input_ids=prompt, use_cache=True)
             step = out.logits[:, -1:].argmax(-1)
             pto_kernels.reset_stats()
             with Counting() as counted:
+                if npu is not None:
+                    npu.calls.clear()
+                    npu.copies.clear()
+                    npu.inside = counted.pause
                 model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
         total = sum(counted.ops.values())
         custom = {name: n for name, n in counted.ops.items() if name.startswith("pto_kernels.")}
+        if npu is not None:  # each torch_npu op and each copy aclnn makes: one kernel
+            custom = {f"torch_npu.{name}": n for name, n in npu.calls.items()}
+            custom.update({f"torch_npu.copy_before_{name}": n for name, n in npu.copies.items() if n})
+            total += sum(custom.values())
         ran = {op: s["calls"] for op, s in pto_kernels.stats().items() if s["calls"]}
         results[mode] = {
             "ops": total,
             "kernels": total - counted.views,
             "pto_kernels_ops": custom,
+            "aten_kernels": {name: n for name, n in counted.kernels.items() if n},
             "calls": ran,
         }
+    if npu is not None:
+        sys.modules.pop("torch_npu", None)
+        sys.path.remove(str(STAND_INS))
     sys.path.remove(str(folder))
     sys.modules.pop("pto_kernels", None)
     return results
@@ -87,6 +131,9 @@ def count_decode_step(folder: Path) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="2,36", help="comma list of decoder layer counts")
+    parser.add_argument(
+        "--backend", choices=("fused", "npu"), default="fused", help="the pto_kernels backend"
+    )
     parser.add_argument("--json", type=Path, help="write the counts here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
@@ -94,13 +141,15 @@ def main() -> None:
     from pto_patch.hub import tiny_model
     from pto_patch.patching import engine
 
+    widths = tiny_model.TextWidths(**NPU_WIDTHS) if args.backend == "npu" else tiny_model.TextWidths()
+
     layers = sorted(int(n) for n in args.layers.split(","))
     counts = {}
     for n in layers:
         folder = work / f"layers-{n}"
-        tiny_model.make_tiny(folder, layers=n)
+        tiny_model.make_tiny(folder, layers=n, widths=widths)
         engine.apply_patch(model_path=folder)
-        counts[n] = count_decode_step(folder)
+        counts[n] = count_decode_step(folder, args.backend)
 
     print(
         f"{'layers':>6} {'mode':<10} {'aten+pto ops':>12} {'kernels':>8} {'x baseline':>10}  pto_kernels ops"
@@ -108,7 +157,7 @@ def main() -> None:
     for n in layers:
         base = counts[n]["baseline"]["kernels"]
         for mode, row in counts[n].items():
-            custom = ", ".join(f"{k.split('.')[1]} {v}" for k, v in row["pto_kernels_ops"].items()) or "-"
+            custom = ", ".join(f"{k.split('.', 1)[1]} {v}" for k, v in row["pto_kernels_ops"].items()) or "-"
             print(
                 f"{n:>6} {mode:<10} {row['ops']:>12} {row['kernels']:>8} {row['kernels'] / base:>10.3f}  {custom}"
             )

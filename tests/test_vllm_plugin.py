@@ -83,7 +83,7 @@ def test_an_unknown_op_or_backend_is_an_error_naming_it(environ, named):
 def test_register_with_the_switch_unset_registers_nothing(kernels, monkeypatch):
     monkeypatch.delenv("PTO_KERNELS_VLLM_OPS", raising=False)
     vllm_plugin.register()  # returns before importing vLLM, which is absent here
-    assert vllm.op_registry_oot == {}
+    assert vllm.registry() == {}
 
 
 def test_register_with_a_bad_switch_raises_at_start_up(monkeypatch):
@@ -96,8 +96,8 @@ def test_register_with_a_bad_switch_raises_at_start_up(monkeypatch):
 
 
 def test_each_key_gets_a_pto_class_over_vllms_own_and_registering_again_changes_nothing(kernels):
-    first = take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
-    second = take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)  # vLLM may load plugins twice
+    first = take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    second = take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)  # vLLM may load plugins twice
     assert first == second
     for key, cls in first.items():
         assert is_pto_layer(cls) and issubclass(cls, vllm.IN_TREE[key]) and cls.name == key
@@ -117,7 +117,7 @@ def test_without_the_plugin_taking_turns_a_second_registration_fails():
 def test_every_platform_path_runs_pto_kernels_and_computes_what_vllms_class_does(kernels, key, platform):
     args, build = _inputs()[key]
     expected = build().forward_native(*args)  # vLLM's class, nothing registered yet
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     vllm.PLATFORM["name"] = platform
     layer = build()
     assert is_pto_layer(type(layer)) and layer.pto_kernels_on
@@ -135,7 +135,7 @@ def test_every_forward_vllm_dispatches_to_is_routed():
 
 
 def test_the_residual_form_returns_the_norm_and_the_sum(kernels):
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     (x, residual), _ = _inputs()["RMSNorm"]
     normed, summed = vllm.RMSNorm(64)(x, residual)
     torch.testing.assert_close(summed, x + residual)
@@ -144,7 +144,7 @@ def test_the_residual_form_returns_the_norm_and_the_sum(kernels):
 
 def test_a_layer_built_with_its_op_off_runs_the_class_underneath(kernels):
     kernels.enable(["mrope"], backend="fused")
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     (x, residual), _ = _inputs()["RMSNorm"]
     layer = vllm.RMSNorm(64)
     assert is_pto_layer(type(layer)) and not layer.pto_kernels_on
@@ -153,7 +153,7 @@ def test_a_layer_built_with_its_op_off_runs_the_class_underneath(kernels):
 
 
 def test_configurations_the_kernels_do_not_compute_run_the_class_underneath(kernels):
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     assert not vllm.RMSNorm(64, has_weight=False).pto_kernels_on
     (positions, query, key), build = _inputs()["MRotaryEmbedding"]
     rope = build()
@@ -167,12 +167,12 @@ def test_configurations_the_kernels_do_not_compute_run_the_class_underneath(kern
 
 
 def test_vllm_ascend_registering_after_the_plugin_goes_through_and_pto_kernels_runs_in_front(kernels, caplog):
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)  # general plugins load first
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)  # general plugins load first
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.pto_kernels"):
         vllm.register_ascend_customop()  # then vllm-ascend's worker: no "Duplicate op name"
     vllm.PLATFORM["name"] = "oot"
     for key, ascend in vllm.ASCEND.items():
-        cls = vllm.op_registry_oot[key]
+        cls = vllm.registry()[key]
         assert is_pto_layer(cls) and issubclass(cls, ascend) and cls.name == key
         assert f"vllm_ascend.ops.{ascend.__qualname__}" in caplog.text
         args, build = _inputs()[key]
@@ -183,7 +183,7 @@ def test_vllm_ascend_registering_after_the_plugin_goes_through_and_pto_kernels_r
 
 
 def test_beside_vllm_ascend_what_pto_kernels_does_not_compute_runs_ascends_forward(kernels):
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     vllm.register_ascend_customop()
     vllm.PLATFORM["name"] = "oot"
     (x, _), _ = _inputs()["RMSNorm"]
@@ -194,20 +194,20 @@ def test_beside_vllm_ascend_what_pto_kernels_does_not_compute_runs_ascends_forwa
 def test_vllm_ascend_registered_before_the_plugin_is_wrapped_at_once(kernels, caplog):
     vllm.register_ascend_customop()
     with caplog.at_level(logging.WARNING, logger="vllm.plugins.pto_kernels"):
-        registered = take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+        registered = take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
     assert all(issubclass(registered[key], vllm.ASCEND[key]) for key in registered)
     assert "AscendSiluAndMul" in caplog.text
-    assert take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE) == registered
+    assert take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE) == registered
 
 
 def test_other_keys_register_as_before(kernels):
-    take_turn(vllm.CustomOp, vllm.op_registry_oot, vllm.IN_TREE)
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
 
     class QuickGELU(vllm.CustomOp):
         pass
 
     vllm.CustomOp.register_oot(_decorated_op_cls=QuickGELU, name="QuickGELU")
-    assert vllm.op_registry_oot["QuickGELU"] is QuickGELU
+    assert vllm.registry()["QuickGELU"] is QuickGELU
     with pytest.raises(AssertionError, match="Duplicate op name: QuickGELU"):
         vllm.CustomOp.register_oot(_decorated_op_cls=QuickGELU, name="QuickGELU")
 
@@ -225,3 +225,119 @@ def test_all_means_the_ops_vllm_can_run():
         "mrope",
         "swiglu_mlp",
     )
+
+
+# --- vLLM releases: the registry in either shape -------------------------------------------------
+
+
+@pytest.mark.parametrize("release", vllm.RELEASES)
+def test_register_finds_the_registry_in_the_shape_of_each_vllm_release(kernels, monkeypatch, caplog, release):
+    vllm.reset(release)
+    vllm.install(monkeypatch)
+    monkeypatch.setenv("PTO_KERNELS_VLLM_OPS", "all")
+    monkeypatch.setenv("PTO_KERNELS_BACKEND", "fused")
+    with caplog.at_level(logging.INFO, logger="vllm.plugins.pto_kernels"):
+        vllm_plugin.register()
+        vllm.register_ascend_customop()  # vllm-ascend's worker, after the general plugins
+    assert f"vLLM {release} (" in caplog.text
+    for key, ascend in vllm.ASCEND.items():
+        assert is_pto_layer(vllm.registry()[key]) and issubclass(vllm.registry()[key], ascend)
+
+
+def test_each_shape_of_the_stand_in_lacks_the_other_registry():
+    """The <= 0.13 stand-in has no module attribute and the >= 0.16 one no class attribute: a plugin that read
+    one place only would fail against one of them."""
+    vllm.reset("0.13.0")
+    assert not hasattr(vllm, "op_registry_oot") and "op_registry_oot" in vars(vllm.CustomOp)
+    vllm.reset("0.16.0")
+    assert hasattr(vllm, "op_registry_oot") and "op_registry_oot" not in vars(vllm.CustomOp)
+
+
+def test_a_vllm_without_either_registry_is_refused_with_its_release_named(kernels, monkeypatch):
+    vllm.reset("0.16.0")
+    vllm.install(monkeypatch)
+    monkeypatch.delattr(vllm, "op_registry_oot")
+    with pytest.raises(vllm_plugin.RegistryNotFoundError, match="vLLM 0.16.0 has no out-of-tree") as raised:
+        vllm_plugin.oot_registry(vllm)
+    assert "PTO_KERNELS_VLLM_OPS" in raised.value.hint
+
+
+# --- beside vllm-ascend: what its layers take and run --------------------------------------------
+
+
+def test_the_mrope_fallback_calls_vllm_ascends_three_argument_forward_oot(kernels):
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    vllm.register_ascend_customop()
+    vllm.PLATFORM["name"] = "oot"
+    (positions, query, _), build = _inputs()["MRotaryEmbedding"]
+    rope = build()
+    assert rope.pto_kernels_on
+    out, no_key = rope(positions, query, None)  # no key: not the kernel's, so vllm-ascend's forward_oot
+    assert no_key is None and vllm.AscendMRotaryEmbedding.calls == 1
+    torch.testing.assert_close(out, vllm.MRotaryEmbedding.forward_native(rope, positions, query)[0])
+
+
+def test_gutenocrs_sections_are_left_to_vllm_ascends_npu_mrope_and_the_log_says_so(kernels, caplog):
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    vllm.register_ascend_customop()
+    vllm.PLATFORM["name"] = "oot"
+    torch.manual_seed(0)
+    positions, query, key = torch.randint(0, 64, (3, 4)), torch.randn(4, 2 * 128), torch.randn(4, 128)
+    with caplog.at_level(logging.INFO, logger="vllm.plugins.pto_kernels"):
+        rope = vllm.MRotaryEmbedding(128, [16, 24, 24])
+    assert not rope.pto_kernels_on and "npu_mrope" in rope.pto_runs
+    assert (
+        "AscendMRotaryEmbedding (mrope_section [16, 24, 24]: one torch_npu.npu_mrope kernel)" in caplog.text
+    )
+    rope(positions, query, key)
+    assert vllm.AscendMRotaryEmbedding.npu_mrope_calls == 1 and _calls(kernels)["mrope"] == 0
+    assert vllm.MRotaryEmbedding(32, [4, 6, 6]).pto_kernels_on  # other sections: pto_kernels runs them
+
+
+def test_gutenocrs_sections_without_vllm_ascend_run_pto_kernels(kernels):
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    assert vllm.MRotaryEmbedding(128, [16, 24, 24]).pto_kernels_on
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_norm_with_vllm_ascends_bias_keeps_the_bias(kernels, residual):
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    vllm.register_ascend_customop()
+    vllm.PLATFORM["name"] = "oot"
+    (x, res), _ = _inputs()["RMSNorm"]
+    norm = vllm.RMSNorm(64)
+    assert norm.pto_kernels_on  # no bias (an unquantized checkpoint): pto_kernels runs it
+    vllm.QUANT_CONFIG["norm.bias"] = True
+    biased = vllm.RMSNorm(64)
+    biased.load_bias(torch.full((64,), 0.25))
+    assert not biased.pto_kernels_on and "a norm bias" in biased.pto_runs
+    got = biased(x, res) if residual else biased(x)
+    plain = (
+        vllm.RMSNorm.forward_native(biased, x, res) if residual else vllm.RMSNorm.forward_native(biased, x)
+    )
+    expected = (plain[0] + 0.25, plain[1]) if residual else plain + 0.25
+    torch.testing.assert_close(got, expected)
+    assert _calls(kernels)["rms_norm"] == 0
+
+
+def test_a_cos_sin_cache_matched_in_place_is_read_from_the_layer(kernels, monkeypatch):
+    """vLLM releases whose `_match_cos_sin_cache_dtype` sets the attribute and returns None."""
+    take_turn(vllm.CustomOp, vllm.registry(), vllm.IN_TREE)
+    (positions, query, key), build = _inputs()["MRotaryEmbedding"]
+    rope = build()
+    expected = vllm.MRotaryEmbedding.forward_native(rope, positions, query, key)
+    monkeypatch.setattr(rope, "_match_cos_sin_cache_dtype", lambda query: None)
+    torch.testing.assert_close(rope(positions, query, key), expected)
+    assert _calls(kernels)["mrope"] == 1
+
+
+def test_the_stand_ins_refuse_what_vllm_and_vllm_ascend_refuse():
+    """vllm-ascend's forward_oot takes no offsets; a registry read in the other release's place is absent."""
+    vllm.reset("0.13.0")
+    (positions, query, key), _ = _inputs()["MRotaryEmbedding"]
+    rope = vllm.AscendMRotaryEmbedding(32, [4, 6, 6])
+    with pytest.raises(TypeError):
+        rope.forward_oot(positions, query, key, None)
+    with pytest.raises(AttributeError):
+        vllm.op_registry_oot  # noqa: B018 - the module attribute came with vLLM 0.16
+    vllm.reset()

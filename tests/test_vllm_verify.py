@@ -216,3 +216,31 @@ def test_a_clean_report_passes(tiny: Path, monkeypatch):
     assert "PTO_KERNELS_VLLM_OPS" not in seen_env["baseline"]
     assert seen_env["pto"]["PTO_KERNELS_VLLM_OPS"] == "rms_norm,mrope,swiglu_mlp"
     assert seen_env["pto"]["PTO_KERNELS_BACKEND"] == "torch"
+
+
+def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(tiny: Path, monkeypatch, capsys):
+    """On an NPU, vllm-ascend's npu_mrope runs GutenOCR's MRoPE: verify says so per layer class instead of
+    failing the op as never run; a layer that ran nothing it can name is still a failure."""
+    from pto_patch.cli import render
+    from pto_patch.serving import vllm_verify
+
+    ascend = "vllm_ascend.ops.rotary_embedding.AscendMRotaryEmbedding (mrope_section [16, 24, 24]: one torch_npu.npu_mrope kernel)"
+    ops = {"rms_norm": _entry(5), "mrope": _entry(0), "swiglu_mlp": _entry(5)}
+    pto = _engine_run(ops, [[1, 2]])
+    pto["workers"][0]["layers"] = {
+        "RMSNorm": {"built": 5, "pto": 5, "runs": {"pto_kernels": 5}},
+        "MRotaryEmbedding": {"built": 1, "pto": 0, "runs": {ascend: 1}},
+    }
+    runs = {"baseline": _engine_run({}, [[1, 2]]), "pto": pto}
+    monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
+    monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
+    report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True))
+    assert (
+        report.passed
+        and f"mrope: every layer left to the class underneath: 1 run {ascend}" in report.warnings
+    )
+    render.show(report, as_json=False)
+    assert "MRotaryEmbedding: 1 layer(s) run vllm_ascend.ops" in capsys.readouterr().out
+    pto["workers"][0]["layers"]["MRotaryEmbedding"]["runs"] = {"pto_patch.serving.vllm_layers.PtoX": 1}
+    report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True))
+    assert "mrope: switched on but never ran in vLLM's worker(s)" in report.failures

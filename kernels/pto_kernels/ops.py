@@ -29,7 +29,9 @@ on the device without Python (CUDA graph, ACL graph) replays the kernels it laun
 
 from __future__ import annotations
 
+import importlib
 import sys
+import types
 
 import torch
 from torch import Tensor
@@ -218,15 +220,33 @@ def _ge_refusal(name: str):
 _ge_refused: set[int] = set()
 
 
+def loaded_torchair():
+    """sys.modules["torchair"], loaded; None when absent or when it cannot load (GE mode cannot run then).
+
+    On an Ascend host it is torch_npu's lazy proxy (torch_npu/dynamo/__init__.py, `_LazyTorchair`), not a
+    module: it raises AttributeError for every attribute until torchair is really imported, and
+    `torch.compile(backend="npu")` imports it only when it compiles. Importing it here (as `import torchair`
+    does, through the proxy's `__spec__`) is what lets the refusal be registered before that.
+    """
+    held = sys.modules.get("torchair")
+    if held is None or isinstance(held, types.ModuleType):
+        return held
+    try:
+        return importlib.import_module("torchair")
+    except Exception:  # torchair's import fails in many ways without CANN's graph engine; GE mode fails too
+        return None
+
+
 def refuse_graph_mode(torchair=None) -> bool:
     """Register, with torchair, a converter per op that stops GE mode with an error naming the op.
 
     ACL graph (reduce-overhead) captures the ops' kernels as they run and needs no converter; GE mode
     (torchair's default, max-autotune) lowers each node to Ascend IR, where these ops have none. Without
     this, GE mode would fail somewhere inside torchair. Runs once per torchair module; `enable()` calls it
-    when torchair is imported. Returns whether converters were registered.
+    when sys.modules holds torchair, torch_npu's lazy proxy included (then torchair is loaded: see
+    `loaded_torchair`). Returns whether converters were registered.
     """
-    torchair = torchair if torchair is not None else sys.modules.get("torchair")
+    torchair = torchair if torchair is not None else loaded_torchair()
     register = getattr(torchair, "register_fx_node_ge_converter", None)
     if register is None or id(torchair) in _ge_refused:
         return False

@@ -81,8 +81,16 @@ def device_identity(device: Any = None) -> dict[str, str]:
     if device.type == "cuda":
         return {"kind": "cuda", "name": torch.cuda.get_device_name(index)}
     if device.type == "npu":
-        return {"kind": "npu", "name": str(torch.npu.get_device_name(index))}
+        return {"kind": "npu", "name": npu_name(index)}
     return {"kind": device.type, "name": device.type}
+
+
+def npu_name(index: int) -> str:
+    """The name of NPU `index`: torch_npu's get_device_name(index) checks the index but names the current
+    device (torch_npu/npu/__init__.py), its device properties name the one asked for."""
+    import torch
+
+    return str(torch.npu.get_device_properties(index).name)
 
 
 def release_versions() -> dict[str, str | None]:

@@ -333,6 +333,10 @@ def _vllm_verify_text(report) -> None:
         out.print(ops)
         layers = ", ".join(f"{key} {n['pto']}/{n['built']}" for key, n in report.pto["layers"].items())
         out.print(f"  vLLM layers running pto_kernels: {layers or 'none'}")
+        for key, entry in report.pto["layers"].items():
+            for runs, n in entry.get("runs", {}).items():
+                if runs != "pto_kernels":
+                    out.print(f"  {key}: {n} layer(s) run {runs}", markup=False)
         acc = report.accuracy
         out.print(
             f"  greedy tokens: {acc['token_match_rate']:.1%} agree ({'equal' if acc['tokens_equal'] else 'differ'})"

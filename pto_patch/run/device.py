@@ -1,6 +1,8 @@
 """Where a run happens and in which dtype: device choice, dtype names, synchronisation, peak memory.
 
-torch_npu is only ever imported here, lazily: installing it without CANN breaks `import torch`.
+pto-patch imports torch_npu itself only here (`npu_available`). On a host that has it, `import torch` has
+already loaded it (torch's backend autoload, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0); installing it without
+CANN is what breaks `import torch`, which is why nothing here needs it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def parse_device(text: str) -> tuple[str, int | None]:
 
 
 def npu_available() -> bool:
-    """True when torch_npu imports and sees a device. torch_npu is only ever imported here, lazily."""
+    """True when torch_npu imports and sees a device (pto-patch's one import of it; torch may have loaded it)."""
     if importlib.util.find_spec("torch_npu") is None:
         return False
     try:

@@ -49,10 +49,14 @@ def worker_kernel_state(worker=None) -> dict[str, Any]:
             backends=kernels.backends(),
             stats=kernels.stats(),
         )
-    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor import custom_op
     from vllm.platforms import current_platform
 
-    state["registry"] = {key: f"{cls.__module__}.{cls.__qualname__}" for key, cls in op_registry_oot.items()}
+    # the module attribute from vLLM 0.16 on, the class attribute up to 0.13
+    registry = getattr(custom_op, "op_registry_oot", None)
+    if not isinstance(registry, dict):
+        registry = vars(custom_op.CustomOp).get("op_registry_oot", {})
+    state["registry"] = {key: f"{cls.__module__}.{cls.__qualname__}" for key, cls in registry.items()}
     state["layers"] = _layers(worker)
     state["device"] = current_platform.device_type
     return state
@@ -61,19 +65,22 @@ def worker_kernel_state(worker=None) -> dict[str, Any]:
 LAYER_KEYS = ("RMSNorm", "SiluAndMul", "MRotaryEmbedding")
 
 
-def _layers(worker) -> dict[str, dict[str, int]]:
-    """Per vLLM layer class (by its in-tree class): how many the model built, how many run pto_kernels."""
+def _layers(worker) -> dict[str, dict[str, Any]]:
+    """Per vLLM layer class (by its in-tree class): how many the model built, how many run pto_kernels, and
+    per forward that runs (pto_kernels, or the class underneath and why) how many layers run it."""
     model = getattr(getattr(worker, "model_runner", None), "model", None)
-    counts: dict[str, dict[str, int]] = {}
+    counts: dict[str, dict[str, Any]] = {}
     if model is None:
         return counts
     for module in model.modules():
         key = next((c.__name__ for c in type(module).__mro__ if c.__name__ in LAYER_KEYS), None)
         if key is None:
             continue
-        entry = counts.setdefault(key, {"built": 0, "pto": 0})
+        entry = counts.setdefault(key, {"built": 0, "pto": 0, "runs": {}})
         entry["built"] += 1
         entry["pto"] += int(bool(getattr(module, "pto_kernels_on", False)))
+        runs = getattr(module, "pto_runs", None) or f"{type(module).__module__}.{type(module).__qualname__}"
+        entry["runs"][runs] = entry["runs"].get(runs, 0) + 1
     return counts
 
 

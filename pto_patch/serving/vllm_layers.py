@@ -14,6 +14,7 @@ layers set (weight, variance_epsilon, head_size, mrope_section, cos_sin_cache, .
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -62,13 +63,21 @@ class PtoLayer:
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.pto_kernels_on = _switched_on(self.pto_kernels_op) and self.pto_fits()
+        declined = self.pto_declines() if _switched_on(self.pto_kernels_op) else "its op is off"
+        self.pto_kernels_on = declined is None
+        # what this layer's forward runs, for the log and `verify --engine vllm`
+        self.pto_runs = "pto_kernels" if declined is None else f"{self.replaces} ({declined})"
+        _log_once(type(self).__name__, self.pto_runs)
         # looked up once here: a compiled graph traces the forwards, and the tracer cannot import
         self.pto_ops = serving_ops() if self.pto_kernels_on else None
 
-    def pto_fits(self) -> bool:
-        """Whether this instance's configuration is one the pto_kernels entry computes."""
-        return True
+    def pto_declines(self) -> str | None:
+        """Why this instance is left to the class underneath (a configuration the pto_kernels entry does not
+        compute, or one the class underneath runs as a single fused kernel); None when pto_kernels runs it."""
+        return None
+
+    def underneath_is(self, package: str) -> bool:
+        return self.replaces.startswith(f"{package}.")
 
     def pto_forward(self, underneath: Callable, *args, **kwargs) -> Any:
         raise NotImplementedError
@@ -77,14 +86,31 @@ class PtoLayer:
 for _name in PLATFORM_FORWARDS:
     setattr(PtoLayer, _name, _platform_forward(_name))
 
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_once(layer: str, runs: str) -> None:
+    """One line per layer class and what it runs: a model builds dozens of norms alike."""
+    if (layer, runs) in _logged:
+        return
+    _logged.add((layer, runs))
+    logging.getLogger("vllm.plugins.pto_kernels").info("pto_kernels: %s layers run %s", layer, runs)
+
 
 class PtoRMSNorm(PtoLayer):
     """RMSNorm(x) and the residual form RMSNorm(x, residual) -> (normed, x + residual)."""
 
     pto_kernels_op = "rms_norm"
 
-    def pto_fits(self) -> bool:
-        return getattr(self, "variance_size_override", None) is None and getattr(self, "has_weight", True)
+    def pto_declines(self) -> str | None:
+        if getattr(self, "variance_size_override", None) is not None:
+            return "a partial-width variance"
+        if not getattr(self, "has_weight", True):
+            return "no weight"
+        if getattr(self, "bias", None) is not None:
+            # vllm-ascend's norm bias (quantized checkpoints): its own kernel adds it, pto_kernels has none
+            return "a norm bias"
+        return None
 
     def pto_forward(self, underneath, x, residual=None):
         weight = self.weight.data
@@ -103,31 +129,47 @@ class PtoSiluAndMul(PtoLayer):
         return self.pto_ops.silu_and_mul(x)
 
 
+# Sections vllm-ascend's forward_oot runs as one torch_npu.npu_mrope kernel (the cos/sin gather, the section
+# mix and q and k rotated); pto_kernels' MRoPE needs the gather and reshapes before its kernel.
+ASCEND_NPU_MROPE_SECTIONS = ([16, 24, 24],)
+
+
 class PtoMRotaryEmbedding(PtoLayer):
     """MRoPE with the T/H/W sections side by side (Qwen2-VL, Qwen2.5-VL), neox-style, whole head.
 
     Interleaved sections (Qwen3-VL), GPT-J-style pairs, a partial rotary dimension and per-token offsets
-    run the class underneath.
+    run the class underneath, and so does every section vllm-ascend runs as its single npu_mrope kernel.
     """
 
     pto_kernels_op = "mrope"
 
-    def pto_fits(self) -> bool:
-        return (
-            bool(getattr(self, "mrope_section", None))
-            and not getattr(self, "mrope_interleaved", False)
-            and getattr(self, "is_neox_style", False)
-            and self.rotary_dim == self.head_size
-        )
+    def pto_declines(self) -> str | None:
+        if not getattr(self, "mrope_section", None) or getattr(self, "mrope_interleaved", False):
+            return "interleaved or no MRoPE sections"
+        if not getattr(self, "is_neox_style", False) or self.rotary_dim != self.head_size:
+            return "GPT-J pairs or a partial rotary dimension"
+        if self.underneath_is("vllm_ascend") and list(self.mrope_section) in ASCEND_NPU_MROPE_SECTIONS:
+            return f"mrope_section {list(self.mrope_section)}: one torch_npu.npu_mrope kernel"
+        return None
 
-    def pto_forward(self, underneath, positions, query, key=None, offsets=None):
-        if key is None or offsets is not None or positions.ndim not in (1, 2):
-            return underneath(positions, query, key, offsets)
+    def pto_forward(self, underneath, *args, **kwargs):
+        positions, query, key = _kernel_call(*args, **kwargs)
+        if key is None:  # exactly what the caller gave: vllm-ascend's forward_oot takes no offsets
+            return underneath(*args, **kwargs)
         if positions.ndim == 1:  # text only: the three position rows are the same
             positions = positions.expand(3, -1)
-        cache = self._match_cos_sin_cache_dtype(query)
+        matched = self._match_cos_sin_cache_dtype(query)  # some vLLM releases set the attribute, return None
+        cache = self.cos_sin_cache if matched is None else matched
         cos, sin = cache[positions].chunk(2, dim=-1)  # [3, tokens, head_size // 2] each
         return self.pto_ops.token_mrope(query, key, cos, sin, list(self.mrope_section), self.head_size)
+
+
+def _kernel_call(positions, query, key=None, offsets=None):
+    """(positions, query, key) of a call the MRoPE entry computes; key None when it does not (no key, per-token
+    offsets, positions of another rank)."""
+    if key is None or offsets is not None or positions.ndim not in (1, 2):
+        return positions, query, None
+    return positions, query, key
 
 
 # vLLM's registry key (its in-tree class name) -> the mixin for it

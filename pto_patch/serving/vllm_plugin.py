@@ -118,14 +118,46 @@ def register() -> None:
         kernels.enable(settings.ops, backend=settings.backend)
     from vllm.model_executor import custom_op
 
+    registry = oot_registry(custom_op)
     in_tree = {key: getattr(importlib.import_module(IN_TREE[key]), key) for key in settings.keys()}
-    take_turn(custom_op.CustomOp, custom_op.op_registry_oot, in_tree)
+    take_turn(custom_op.CustomOp, registry.entries, in_tree)
     _log.info(
-        "pto_kernels: vLLM's %s run pto_kernels (%s, backend %s) in process %d",
+        "pto_kernels: vLLM %s (%s); its %s run pto_kernels (%s, backend %s) in process %d",
+        registry.vllm_version,
+        registry.where,
         ", ".join(in_tree),
         ", ".join(settings.ops),
         settings.backend,
         os.getpid(),
+    )
+
+
+class RegistryNotFoundError(PtoPatchError):
+    """The vLLM that loaded the plugin keeps its out-of-tree layer registry in neither known place."""
+
+
+@dataclass(frozen=True)
+class OotRegistry:
+    entries: dict[str, type]  # vLLM's own dict: key -> registered class
+    where: str  # which of the two shapes, for the log
+    vllm_version: str
+
+
+def oot_registry(custom_op) -> OotRegistry:
+    """vLLM's out-of-tree registry in `custom_op` (vllm.model_executor.custom_op), in either shape: the module
+    attribute since the PluggableLayer refactor (vLLM 0.16 on), the class attribute before it (up to 0.13,
+    which vllm-ascend v0.11.0 and v0.13.0 pin)."""
+    version = str(getattr(sys.modules.get("vllm"), "__version__", "of unknown release"))
+    module_level = getattr(custom_op, "op_registry_oot", None)
+    if isinstance(module_level, dict):
+        return OotRegistry(module_level, "custom_op.op_registry_oot, the >= 0.16 shape", version)
+    class_level = vars(custom_op.CustomOp).get("op_registry_oot")
+    if isinstance(class_level, dict):
+        return OotRegistry(class_level, "CustomOp.op_registry_oot, the <= 0.13 shape", version)
+    raise RegistryNotFoundError(
+        f"vLLM {version} has no out-of-tree layer registry where pto_kernels looks "
+        "(vllm.model_executor.custom_op.op_registry_oot or CustomOp.op_registry_oot)",
+        f"unset {OPS_ENV} to run vLLM without pto_kernels, or use a vLLM from 0.11 to 0.32",
     )
 
 

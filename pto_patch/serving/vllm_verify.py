@@ -28,7 +28,7 @@ from pto_patch.model.spec import load_spec, parse_ops
 from pto_patch.patching.patch_state import patch_state
 from pto_patch.run.device import dtype_key
 from pto_patch.run.report import SCHEMA_VERSION, Verdict, write_report
-from pto_patch.serving.vllm_plugin import BACKEND_ENV, OPS_ENV, SERVED_OPS, plugin_settings
+from pto_patch.serving.vllm_plugin import BACKEND_ENV, KEY_OPS, OPS_ENV, SERVED_OPS, plugin_settings
 
 ENGINE_TIMEOUT_S = 1800
 TEXT_CONTEXT, IMAGE_CONTEXT = 512, 8192
@@ -265,6 +265,17 @@ def _mode(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _left_underneath(layers: dict[str, Any], op: str) -> str:
+    """What the layers of `op` ran when none ran pto_kernels and each said why ("" otherwise)."""
+    built = [entry for key, entry in layers.items() if KEY_OPS.get(key) == op and entry.get("built")]
+    if not built or any(entry.get("pto") for entry in built):
+        return ""
+    runs = {name: n for entry in built for name, n in entry.get("runs", {}).items()}
+    if not runs or not all(name.endswith(")") for name in runs):
+        return ""
+    return "; ".join(f"{n} run {name}" for name, n in runs.items())
+
+
 def compare_tokens(base: list[list[int]], pto: list[list[int]]) -> dict[str, Any]:
     """Greedy token agreement, sequence by sequence; the first place they part."""
     total = sum(len(seq) for seq in base)
@@ -356,7 +367,10 @@ def _judge_pto(report: VllmVerifyReport, pto_run: dict[str, Any], ops: tuple[str
     report.pto_kernels_path = ", ".join(sorted(str(path) for path in paths))
     for op in ops:
         entry = report.pto["ops"].get(op, {"calls": 0, "fallbacks": 0})
-        if not entry["calls"]:
+        left = _left_underneath(report.pto["layers"], op)
+        if not entry["calls"] and left:
+            report.warnings.append(f"{op}: every layer left to the class underneath: {left}")
+        elif not entry["calls"]:
             report.failures.append(f"{op}: switched on but never ran in vLLM's worker(s)")
         elif entry["fallbacks"]:
             message = (

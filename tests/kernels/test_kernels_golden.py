@@ -57,7 +57,7 @@ def test_mrope_golden(case, backend, backend_env):
             actual, gc.rotary_expected(x, cos_m, sin_m), q.dtype, f"mrope[{backend}] {case['id']} {name}"
         )
     assert pto_kernels.stats()["mrope"]["calls"] == 2
-    _check_ran("mrope", backend, backend_env, "npu_rotary_mul")
+    _check_ran("mrope", backend, backend_env, "npu_mrope")
 
 
 _MLP_MODULES: dict = {}

@@ -7,6 +7,7 @@ import sys
 
 import pto_kernels
 import pytest
+import stand_in_torchair
 import torch
 from pto_kernels import _dispatch, ops, reference
 
@@ -243,3 +244,27 @@ def test_without_torchair_no_converter_is_registered(monkeypatch):
     pto_kernels.enable(backend="torch")
     assert ops._ge_refused == set()
     assert ops.refuse_graph_mode(object()) is False  # a module without the registry: nothing to do
+
+
+def test_torchair_behind_torch_npus_lazy_proxy_is_loaded_and_refuses_ge_mode(monkeypatch):
+    """On an Ascend host sys.modules["torchair"] is torch_npu's proxy, which answers no attribute before
+    torchair loads: reading the registry off it directly would register nothing."""
+    proxy = stand_in_torchair.install(monkeypatch)
+    monkeypatch.setattr(ops, "_ge_refused", set())
+    with pytest.raises(AttributeError, match="before torchair is initialized"):
+        proxy.register_fx_node_ge_converter  # noqa: B018 - what the proxy does before the load
+    pto_kernels.enable(backend="torch")
+    assert proxy.loads == 1
+    assert set(proxy.converters) == {getattr(torch.ops.pto_kernels, name).default for name in ops.NAMES}
+    pto_kernels.enable(backend="torch")
+    assert proxy.loads == 1 and len(proxy.converters) == len(ops.NAMES)
+
+
+def test_a_torchair_that_fails_to_load_registers_nothing_and_enable_still_works(monkeypatch):
+    def broken():
+        raise ImportError("libge_runner.so: cannot open shared object file")
+
+    stand_in_torchair.install(monkeypatch, load=broken)
+    monkeypatch.setattr(ops, "_ge_refused", set())
+    pto_kernels.enable(backend="torch")
+    assert ops._ge_refused == set() and ops.loaded_torchair() is None
