@@ -56,11 +56,14 @@ class Page:
 
     @property
     def digest(self) -> str:
-        """sha256 over the pixels and the truth: a saved run's answers belong to exactly this page."""
-        digest = hashlib.sha256()
-        digest.update(self.image.tobytes())
-        digest.update(json.dumps([self.text, self.text2d, [ln.to_json() for ln in self.lines]]).encode())
-        return digest.hexdigest()
+        """sha256 of the pixels (another Pillow or FreeType may draw a bundled page a little differently)."""
+        return hashlib.sha256(self.image.tobytes()).hexdigest()
+
+    @property
+    def truth_digest(self) -> str:
+        """sha256 of the truth: a saved run's answers are only ever scored against this truth."""
+        truth = [self.text, self.text2d, [line.to_json() for line in self.lines]]
+        return hashlib.sha256(json.dumps(truth).encode()).hexdigest()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -71,6 +74,7 @@ class Page:
             "truth_lines": len(self.lines),
             "text2d_from": self.text2d_source,
             "digest": self.digest,
+            "truth_digest": self.truth_digest,
         }
 
 
