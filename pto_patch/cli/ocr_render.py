@@ -89,18 +89,18 @@ def page_bench_text(result) -> None:
     table = Table(title="a page's time (median of the timed runs)", title_justify="left")
     columns = (
         "page",
-        "batch",
+        "b",
         "mode",
-        "image tokens",
-        "vision (s)",
-        "prefill (s)",
-        "first token (s)",
-        "decode tok/s",
-        "page (s)",
-        "pages / min",
+        "img tok",
+        "vision s",
+        "prefill s",
+        "TTFT s",
+        "dec tok/s",
+        "page s",
+        "pg/min",
     )
     for column in columns:
-        table.add_column(column, justify="left" if column in ("page", "mode") else "right")
+        table.add_column(column, justify="left" if column in ("page", "mode") else "right", no_wrap=True)
     for run in result.runs:
         table.add_row(
             run.page,
@@ -115,6 +115,7 @@ def page_bench_text(result) -> None:
             _num(run.pages_per_minute, 2),
         )
     out.print(table)
+    out.print("  b: batch; img tok: image tokens; TTFT: time to the first token; pg/min: pages per minute")
     for run in result.runs:
         split = run.split()
         if split:

@@ -64,6 +64,8 @@ def split_ocr_options(
                 f"--ocr reads pages with GutenOCR's own prompts; {conflicting[0]} does not apply",
                 "pass your own pages with --pages DIR (NAME.png with NAME.txt)",
             )
+        if options.plot is not None and Path(options.plot).suffix.lower() != ".png":
+            raise _usage(f"--plot {options.plot} is not a .png file name", "pass a path ending in .png")
         if parameters.get("batch", 1) != 1:
             raise _usage(
                 "verify --ocr reads one page at a time", "drop --batch (bench --ocr takes --batches)"

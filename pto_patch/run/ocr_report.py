@@ -161,3 +161,140 @@ class OcrVerifyReport(Verdict):
             "against_outputs": self.against_outputs,
             "options": dict(self.options),
         }
+
+
+# --- bench --ocr ----------------------------------------------------------------------------------
+
+PAGE_TIME_NOTE = (
+    "vision: the vision encoder's forward; prefill: the rest of the way to the first token; decode: "
+    "every further token. The three add up to the page's latency (the image processor's time, "
+    "preprocess_s, comes before and is not in it)"
+)
+
+
+@dataclass
+class PageRun:
+    """One page at one batch size in one mode: medians over the timed runs."""
+
+    page: str
+    batch: int
+    mode: str
+    image_tokens: int
+    prompt_tokens: int
+    new_tokens: int  # per sequence
+    vision_s: float | None
+    prefill_s: float | None
+    first_token_s: float | None
+    decode_s: float | None
+    latency_s: float
+    preprocess_s: float
+    latencies_s: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        if not self.decode_s or self.new_tokens < 2:
+            return None
+        return self.batch * (self.new_tokens - 1) / self.decode_s
+
+    @property
+    def pages_per_minute(self) -> float | None:
+        return 60 * self.batch / self.latency_s if self.latency_s else None
+
+    def split(self) -> dict[str, float] | None:
+        """Each part's share of the latency: vision, prefill, decode."""
+        parts = (self.vision_s, self.prefill_s, self.decode_s)
+        if any(part is None for part in parts) or not self.latency_s:
+            return None
+        return {
+            name: part / self.latency_s
+            for name, part in zip(("vision", "prefill", "decode"), parts, strict=True)
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        split = self.split()
+        return {
+            "page": self.page,
+            "batch": self.batch,
+            "mode": self.mode,
+            "image_tokens": self.image_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens_per_sequence": self.new_tokens,
+            "vision_s": _round(self.vision_s),
+            "prefill_s": _round(self.prefill_s),
+            "first_token_s": _round(self.first_token_s),
+            "decode_s": _round(self.decode_s),
+            "decode_tokens_per_s": _round(self.decode_tokens_per_s, 3),
+            "latency_s": _round(self.latency_s),
+            "pages_per_minute": _round(self.pages_per_minute, 3),
+            "preprocess_s": _round(self.preprocess_s),
+            "split": None if split is None else {key: round(value, 5) for key, value in split.items()},
+            "latencies_s": [round(x, 5) for x in self.latencies_s],
+        }
+
+
+@dataclass
+class PageBenchResult(Verdict):
+    model_path: str
+    device: str
+    dtype: str
+    versions: dict[str, str]
+    load_info: LoadInfo
+    task: str
+    prompt: str
+    output_length: int
+    pages: list[dict[str, Any]]
+    runs: list[PageRun] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    random_weights: bool = False
+    switched_on: list[str] = field(default_factory=list)
+    kernel_backend: str | None = None
+    ops: dict[str, OpReport] = field(default_factory=dict)
+    plot: str | None = None
+    files: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def ratios(self) -> list[dict[str, Any]]:
+        """PTO over baseline per (page, batch): latency, first token, decode tokens/s."""
+        runs = {(r.page, r.batch, r.mode): r for r in self.runs}
+        rows = []
+        for (page, batch, mode), base in runs.items():
+            pto = runs.get((page, batch, "pto"))
+            if mode != "baseline" or pto is None:
+                continue
+            row = {"page": page, "batch": batch}
+            for key in ("latency_s", "first_token_s", "vision_s", "decode_tokens_per_s"):
+                a, b = getattr(base, key), getattr(pto, key)
+                row[key] = round(b / a, 4) if a and b is not None else None
+            rows.append(row)
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "command": "bench",
+            "ocr": True,
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "random_weights": self.random_weights,
+            "model_path": self.model_path,
+            "device": self.device,
+            "dtype": self.dtype,
+            "versions": dict(self.versions),
+            "load_info": self.load_info.to_json(),
+            "task": self.task,
+            "prompt": self.prompt,
+            "output_length": self.output_length,
+            "pages": list(self.pages),
+            "runs": [run.to_json() for run in self.runs],
+            "pto_over_baseline": self.ratios(),
+            "switched_on": list(self.switched_on),
+            "kernel_backend": self.kernel_backend,
+            "ops": {op: report.to_json() for op, report in self.ops.items()},
+            "plot": self.plot,
+            "files": list(self.files),
+            "options": dict(self.options),
+        }
