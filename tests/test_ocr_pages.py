@@ -264,3 +264,48 @@ def test_the_plot_draws_each_part_in_proportion():
     # the first bar ends at half the second's length
     assert image.getpixel((LABEL_WIDTH + int(0.55 * span), y)) == (255, 255, 255)
     assert image.getpixel((LABEL_WIDTH + int(0.9 * span), y + ROW)) == colours["decode"]
+
+
+# --- the JSON documents ----------------------------------------------------------------------------
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
+
+
+def schema_section(title: str) -> str:
+    return SCHEMAS.read_text(encoding="utf-8").split(f"\n## {title}\n")[1].split("\n## ")[0]
+
+
+def undocumented(keys, section: str) -> list[str]:
+    return [key for key in keys if f"`{key}`" not in section and key != "schema_version"]  # every document's
+
+
+def test_every_key_of_the_ocr_documents_is_documented():
+    from pto_patch.run.ocr_report import Comparison, OcrVerifyReport, PageBenchResult, mode_summary
+    from pto_patch.run.ocr_scoring import Score
+    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.report import LoadInfo
+
+    load = LoadInfo([], [], [], None)
+    reading = Reading(
+        "p", "LINES", "baseline", "a", 1, False, Score(0.1, 0.2, 10, 9, True, 1, 1, 1.0, 1.0, 1.0)
+    )
+    report = OcrVerifyReport("m", "cpu", "why", "float32", {}, load, [PAGES[0].describe()], {}, 8, MARGINS)
+    report.readings, report.comparisons = (
+        [reading],
+        [Comparison("p", "LINES", "baseline", "pto", 0.1, 0.2, 0.3)],
+    )
+    verify = schema_section("verify --ocr")
+    doc = report.to_json()
+    assert undocumented(doc, verify) == []
+    assert (
+        undocumented(doc["readings"][0], verify) == [] and undocumented(doc["comparisons"][0], verify) == []
+    )
+    assert undocumented(doc["pages"][0], verify) == [] and undocumented(MARGINS, verify) == []
+    assert undocumented(mode_summary([reading]), verify) == []
+    run = PageRun("p", 1, "pto", 10, 20, 8, 1.0, 0.5, 1.5, 2.5, 4.0, 0.1)
+    bench = PageBenchResult("m", "cpu", "float32", {}, load, "TEXT", "read", 8, [], runs=[run])
+    bench_doc, section = bench.to_json(), schema_section("bench --ocr")
+    assert (
+        undocumented(bench_doc, section + verify) == [] and undocumented(bench_doc["runs"][0], section) == []
+    )
+    assert "`latencies_s`" in section and undocumented(run.split(), section) == []

@@ -17,7 +17,7 @@ from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.run.ocr_pages import Page
 from pto_patch.run.ocr_scoring import TASK_NAMES
 
-KIND = "pto-patch ocr answers"
+KIND = "pto-patch-ocr-answers"
 FORMAT_VERSION = 1
 
 
