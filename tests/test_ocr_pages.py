@@ -245,6 +245,8 @@ def test_ocr_options_are_checked_up_front():
         ({"ocr": True, "image": Path("x.png")}, "--image does not apply"),
         ({"ocr": True, "batch": 4}, "one page at a time"),
         ({"ocr": True, "plot": Path("x.jpg")}, "not a .png"),
+        ({"ocr": True, "save_outputs": Path(__file__).parent}, "is a folder"),
+        ({"ocr": True, "plot": Path(__file__) / "x.png"}, "cannot write in"),  # under a file
     ):
         with pytest.raises(PtoPatchError, match=message) as caught:
             split(**given)
@@ -309,3 +311,30 @@ def test_every_key_of_the_ocr_documents_is_documented():
         undocumented(bench_doc, section + verify) == [] and undocumented(bench_doc["runs"][0], section) == []
     )
     assert "`latencies_s`" in section and undocumented(run.split(), section) == []
+
+
+def test_the_text_output_shows_every_reading_and_part(capsys):
+    from pto_patch.cli import ocr_render
+    from pto_patch.run.ocr_report import OcrVerifyReport, PageBenchResult
+    from pto_patch.run.ocr_scoring import Score
+    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.report import LoadInfo
+
+    load = LoadInfo([], [], [], None)
+    report = OcrVerifyReport(
+        "m", "cpu", "why", "float32", {}, load, [PAGES[0].describe()], {"TEXT": "read"}, 8, MARGINS
+    )
+    report.readings = [
+        Reading("prose", "TEXT", "baseline", "a", 8, True, Score(0.25, 0.5, 10, 9)),
+        Reading("prose", "LINES", "pto", "b", 3, False, Score(1.0, 1.0, 10, 0, False, 0, 10, 0.0, 0.0, 0.0)),
+    ]
+    report.failures = ["pto against baseline: page prose, TEXT reads worse"]
+    ocr_render.ocr_verify_text(report)
+    run = PageRun("prose", 1, "pto", 10, 20, 8, 1.0, 0.5, 1.5, 2.5, 4.0, 0.1)
+    ocr_render.page_bench_text(
+        PageBenchResult("m", "cpu", "float32", {}, load, "TEXT", "read", 8, [], runs=[run])
+    )
+    captured = capsys.readouterr()
+    assert "0.250 *" in captured.out and "not JSON" in captured.out and "FAILED" in captured.out
+    assert "TEXT reads worse" in captured.err
+    assert "vision 25.0 %, prefill 12.5 %, decode 62.5 %" in captured.out

@@ -7,6 +7,7 @@ default `--output_length` is a page's, not a chat reply's.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,17 @@ class OcrOptions:
 
 def _usage(message: str, hint: str) -> PtoPatchError:
     return PtoPatchError(message, hint, exit_code=EXIT_USAGE)
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse an output path that cannot be written, before a run of many minutes would end on it."""
+    if path.is_dir():
+        raise _usage(f"{flag} {path} is a folder", f"pass a file path for {flag}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the first folder that exists: the missing ones are created in it
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise _usage(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
 
 
 def split_ocr_options(
@@ -66,6 +78,9 @@ def split_ocr_options(
             )
         if options.plot is not None and Path(options.plot).suffix.lower() != ".png":
             raise _usage(f"--plot {options.plot} is not a .png file name", "pass a path ending in .png")
+        for flag, path in (("--save-outputs", options.save_outputs), ("--plot", options.plot)):
+            if path is not None:
+                check_writable(Path(path), flag)
         if parameters.get("batch", 1) != 1:
             raise _usage(
                 "verify --ocr reads one page at a time", "drop --batch (bench --ocr takes --batches)"
