@@ -338,3 +338,20 @@ def test_the_text_output_shows_every_reading_and_part(capsys):
     assert "0.250 *" in captured.out and "not JSON" in captured.out and "FAILED" in captured.out
     assert "TEXT reads worse" in captured.err
     assert "vision 25.0 %, prefill 12.5 %, decode 62.5 %" in captured.out
+
+
+def test_a_page_the_processor_resizes_is_named(tmp_path: Path):
+    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.run.ocr_inputs import load_image_processor
+    from pto_patch.run.ocr_verify import resized_pages
+
+    make_tiny(tmp_path / "tiny")  # its processor caps a page at 256 image tokens
+    described = [page.describe() for page in PAGES]
+    resized = resized_pages(PAGES, load_image_processor(tmp_path / "tiny"), described)
+    assert len(resized) == 3 and "1232x1596 ->" in resized[0]
+    config = json.loads((tmp_path / "tiny" / "preprocessor_config.json").read_text())
+    config["max_pixels"] = config["size"]["longest_edge"] = 12845056  # Qwen2.5-VL's own limit
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "preprocessor_config.json").write_text(json.dumps(config))
+    assert resized_pages(PAGES, load_image_processor(tmp_path / "full"), described) == []
+    assert [entry["model_input_size"] for entry in described] == [[1232, 1596]] * 3

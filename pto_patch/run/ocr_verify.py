@@ -200,6 +200,32 @@ def trusted_readings(saved: SavedRun, pages: list[Page]) -> dict[str, list[Readi
     return result
 
 
+RESIZE_WARNING_FRACTION = 0.03  # the processor rounds each side to its 28-pixel patch groups
+
+
+def model_input_size(page: Page, image_processor) -> tuple[int, int] | None:
+    """The (width, height) the model sees the page at, after the image processor's resize."""
+    if image_processor is None:
+        return None
+    grid = image_processor(images=[page.image], return_tensors="pt")["image_grid_thw"][0]
+    patch = int(getattr(image_processor, "patch_size", 14))
+    return int(grid[2]) * patch, int(grid[1]) * patch
+
+
+def resized_pages(pages: list[Page], image_processor, described: list[dict]) -> list[str]:
+    """Record each page's model input size in `described`; name the pages resized by more than 3 %."""
+    resized = []
+    for page, entry in zip(pages, described, strict=True):
+        size = model_input_size(page, image_processor)
+        entry["model_input_size"] = None if size is None else list(size)
+        if size is not None and any(
+            abs(seen - given) > RESIZE_WARNING_FRACTION * given
+            for seen, given in zip(size, page.image.size, strict=True)
+        ):
+            resized.append(f"{page.name} ({page.image.size[0]}x{page.image.size[1]} -> {size[0]}x{size[1]})")
+    return resized
+
+
 def _image_processor(folder: Path):
     # build_inputs says what is missing when there is no preprocessor_config.json.
     return (
@@ -268,6 +294,12 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         kernel_backend=describe_backend(kernel_backend) if options.use_pto else None,
         options={**options.to_json(), "pages": None if ocr.pages is None else str(ocr.pages)},
     )
+    resized = resized_pages(pages, processor, report.pages)
+    if resized and any(page.lines for page in pages) and not random_weights:
+        report.warnings.append(
+            f"the image processor resized page(s) {', '.join(resized)}: LINES boxes are scored in the page's "
+            "pixels, so if the model answers in the resized image's pixels its box F1 is too low"
+        )
     baseline = [r for r in readings if r.mode == "baseline"]
     if options.use_pto:
         report.ops = op_reports(stats, switched_on, loaded.text_layers)
