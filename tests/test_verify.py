@@ -36,6 +36,7 @@ from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, to
 from pto_patch.run.inputs import OCR_PROMPT
 from pto_patch.run.loading import fix_rope_config, load_failures
 from pto_patch.run.ocr_inputs import sample_image
+from pto_patch.run.ocr_options import OcrOptions
 from pto_patch.run.ops import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
@@ -264,7 +265,12 @@ def test_the_cli_parameters_are_the_options_fields():
         assert issubclass(options_class, RunOptions)
         fields = {field.name for field in dataclasses.fields(options_class)}
         engine_choice = {"engine", "multiprocessing"} if command is cli.verify else set()  # see below
-        assert set(inspect.signature(command).parameters) - {"as_json"} - engine_choice == fields
+        # --ocr and its options go to run.ocr_options.OcrOptions (split_ocr_options), the rest here
+        ocr_choice = set(inspect.signature(command).parameters) & {
+            f.name for f in dataclasses.fields(OcrOptions)
+        }
+        assert "ocr" in ocr_choice
+        assert set(inspect.signature(command).parameters) - {"as_json"} - engine_choice - ocr_choice == fields
         assert shared <= fields
     # verify --engine vllm takes verify's parameters by the same names (pto_patch/serving/vllm_verify.py)
     vllm_fields = {field.name for field in dataclasses.fields(VllmVerifyOptions)}

@@ -509,6 +509,18 @@ def _tune_text(result) -> None:
     tune_render.tune_result(result, as_json=False)
 
 
+def _ocr_verify_text(report) -> None:
+    from pto_patch.cli import ocr_render
+
+    ocr_render.ocr_verify_text(report)
+
+
+def _page_bench_text(result) -> None:
+    from pto_patch.cli import ocr_render
+
+    ocr_render.page_bench_text(result)
+
+
 # Result type name -> its text renderer (by name, so that rendering imports no engine module).
 TEXT: dict[str, Callable[[Any], None]] = {
     "ApplyResult": _apply_text,
@@ -523,4 +535,6 @@ TEXT: dict[str, Callable[[Any], None]] = {
     "BenchResult": _bench_text,
     "DemoResult": _demo_text,
     "TuneResult": _tune_text,
+    "OcrVerifyReport": _ocr_verify_text,
+    "PageBenchResult": _page_bench_text,
 }

@@ -23,7 +23,6 @@ from pto_patch.cli.options import (
     ModelOpt,
     ModelPathOpt,
     OpsOpt,
-    OutputLengthOpt,
     PromptOpt,
     SimplePromptOpt,
     UseCompileOpt,
@@ -45,7 +44,14 @@ def bench(
     warmup: WarmupOpt = 5,
     iters: ItersOpt = 5,
     batches: Annotated[str, typer.Option("--batches", help="Comma-separated batch sizes.")] = "1,4,8",
-    output_length: OutputLengthOpt = 100,
+    output_length: Annotated[
+        int | None,
+        typer.Option(
+            "--output_length",
+            "--output-length",
+            help="New tokens per timed run (default 100; with --ocr 2048).",
+        ),
+    ] = None,
     ops: OpsOpt = None,
     kernel_backend: KernelBackendOpt = None,
     use_compile: UseCompileOpt = False,
@@ -61,13 +67,32 @@ def bench(
             "--output-dir", "--output_dir", help="Where bench_baseline.json and bench_pypto.json go."
         ),
     ] = Path("."),
+    ocr: Annotated[
+        bool,
+        typer.Option("--ocr", help="Time pages: vision, prefill, first token, decode, pages per minute."),
+    ] = False,
+    pages: Annotated[
+        Path | None, typer.Option("--pages", help="--ocr: NAME.png + NAME.txt pages (default: bundled).")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="--ocr: a PNG of where each page's time goes.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
     from pto_patch.run.bench import BenchOptions, run_bench
+    from pto_patch.run.ocr_options import BENCH_OUTPUT_LENGTH, split_ocr_options
 
-    result = run_bench(as_options(BenchOptions, parameters))
+    ocr_options = split_ocr_options(
+        parameters, plain_output_length=BenchOptions.output_length, ocr_output_length=BENCH_OUTPUT_LENGTH
+    )
+    if ocr_options.ocr:
+        from pto_patch.run.page_bench import run_page_bench
+
+        result = run_page_bench(as_options(BenchOptions, parameters), ocr_options)
+    else:
+        result = run_bench(as_options(BenchOptions, parameters))
     render.show(result, as_json=as_json)
     raise typer.Exit(result.exit_code)

@@ -23,7 +23,6 @@ from pto_patch.cli.options import (
     ModelOpt,
     ModelPathOpt,
     OpsOpt,
-    OutputLengthOpt,
     PromptOpt,
     SimplePromptOpt,
     UseCompileOpt,
@@ -45,7 +44,12 @@ def verify(
     warmup: WarmupOpt = 5,
     iters: ItersOpt = 5,
     batch: Annotated[int, typer.Option("--batch", help="Batch size (the same input repeated).")] = 1,
-    output_length: OutputLengthOpt = 50,
+    output_length: Annotated[
+        int | None,
+        typer.Option(
+            "--output_length", "--output-length", help="New tokens per run (default 50; with --ocr 1024)."
+        ),
+    ] = None,
     use_pto: Annotated[
         bool, typer.Option("--use_pto", "--use-pto", help="Also run with the kernels on and compare.")
     ] = False,
@@ -81,16 +85,43 @@ def verify(
             "--multiprocessing", help="--engine vllm: vLLM's multi-process engine (default: in-process)."
         ),
     ] = False,
+    ocr: Annotated[
+        bool,
+        typer.Option("--ocr", help="Read pages with GutenOCR's TEXT, TEXT2D and LINES; score both modes."),
+    ] = False,
+    pages: Annotated[
+        Path | None, typer.Option("--pages", help="--ocr: NAME.png + NAME.txt pages (default: bundled).")
+    ] = None,
+    save_outputs: Annotated[
+        Path | None, typer.Option("--save-outputs", "--save_outputs", help="--ocr: keep the answers here.")
+    ] = None,
+    against_outputs: Annotated[
+        Path | None,
+        typer.Option(
+            "--against-outputs",
+            "--against_outputs",
+            help="--ocr: compare with a trusted run's saved answers.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
+    from pto_patch.run.ocr_options import VERIFY_OUTPUT_LENGTH, split_ocr_options
     from pto_patch.run.verify import VerifyOptions, run_verify
     from pto_patch.serving.vllm_verify import check_engine, run_vllm_verify
 
+    ocr_options = split_ocr_options(
+        parameters, plain_output_length=VerifyOptions.output_length, ocr_output_length=VERIFY_OUTPUT_LENGTH
+    )
     check_engine(parameters.pop("engine"), multiprocessing)
-    if engine == "vllm":
+    if ocr_options.ocr:
+        from pto_patch.run.ocr_verify import run_ocr_verify
+
+        parameters.pop("multiprocessing")
+        report = run_ocr_verify(as_options(VerifyOptions, parameters), ocr_options)
+    elif engine == "vllm":
         report = run_vllm_verify(parameters)
     else:
         parameters.pop("multiprocessing")

@@ -1,0 +1,92 @@
+"""The --ocr options of verify and bench, taken out of a command's parameters and checked up front.
+
+With --ocr a run reads pages (bundled or `--pages DIR`) with GutenOCR's tasks instead of one
+prompt, so the options that pick a prompt or an image do not apply, and an answer needs room: the
+default `--output_length` is a page's, not a chat reply's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
+
+# A bundled page's longest answer (LINES, JSON with a box per line) is about 1,000 tokens.
+VERIFY_OUTPUT_LENGTH = 1024
+# GutenOCR's evaluation gives a page 2,048 to 16,384 new tokens; bench times the shortest of those.
+BENCH_OUTPUT_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class OcrOptions:
+    ocr: bool = False
+    pages: Path | None = None
+    save_outputs: Path | None = None
+    against_outputs: Path | None = None
+    plot: Path | None = None
+
+
+def _usage(message: str, hint: str) -> PtoPatchError:
+    return PtoPatchError(message, hint, exit_code=EXIT_USAGE)
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse an output path that cannot be written, before a run of many minutes would end on it."""
+    if path.is_dir():
+        raise _usage(f"{flag} {path} is a folder", f"pass a file path for {flag}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the first folder that exists: the missing ones are created in it
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise _usage(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
+
+
+def split_ocr_options(
+    parameters: dict[str, Any], *, plain_output_length: int, ocr_output_length: int
+) -> OcrOptions:
+    """Pop the --ocr options out of `parameters` (a command's locals) and fill in `output_length`.
+
+    Rejects an --ocr option without --ocr, and under --ocr the options that choose another input.
+    """
+    names = [
+        name for name in ("ocr", "pages", "save_outputs", "against_outputs", "plot") if name in parameters
+    ]
+    options = OcrOptions(**{name: parameters.pop(name) for name in names})
+    flags = {"pages": "--pages", "save_outputs": "--save-outputs", "against_outputs": "--against-outputs"}
+    flags["plot"] = "--plot"
+    if not options.ocr:
+        given = [flag for name, flag in flags.items() if getattr(options, name) is not None]
+        if given:
+            raise _usage(f"{given[0]} only applies to a run over pages", f"add --ocr, or drop {given[0]}")
+    else:
+        conflicting = [
+            flag
+            for name, flag in (
+                ("prompt", "--prompt"),
+                ("image", "--image"),
+                ("simple_prompt", "--simple_prompt"),
+            )
+            if parameters.get(name)
+        ]
+        if conflicting:
+            raise _usage(
+                f"--ocr reads pages with GutenOCR's own prompts; {conflicting[0]} does not apply",
+                "pass your own pages with --pages DIR (NAME.png with NAME.txt)",
+            )
+        if options.plot is not None and Path(options.plot).suffix.lower() != ".png":
+            raise _usage(f"--plot {options.plot} is not a .png file name", "pass a path ending in .png")
+        for flag, path in (("--save-outputs", options.save_outputs), ("--plot", options.plot)):
+            if path is not None:
+                check_writable(Path(path), flag)
+        if parameters.get("batch", 1) != 1:
+            raise _usage(
+                "verify --ocr reads one page at a time", "drop --batch (bench --ocr takes --batches)"
+            )
+        if parameters.get("engine", "transformers") != "transformers":
+            raise _usage("--ocr runs on the transformers engine only", "drop --engine")
+    if parameters.get("output_length") is None:
+        parameters["output_length"] = ocr_output_length if options.ocr else plain_output_length
+    return options

@@ -1,0 +1,371 @@
+"""`verify --ocr`: read every page with GutenOCR's tasks, baseline then PTO, and score both against the truth.
+
+Each (page, task) is read once per mode, greedily, until the answer ends or reaches --output_length.
+PTO mode fails the run (exit 3) when it reads measurably worse than the baseline on the same device:
+
+- one reading's CER rises by more than `READING_CER_MARGIN` (0.05): a kernel that breaks one kind
+  of page or task shows there even when the others hide it;
+- the mean CER over all readings rises by more than `MEAN_CER_MARGIN` (0.01);
+- fewer LINES answers parse, or the mean box F1 falls by more than `BOX_F1_MARGIN` (0.05).
+
+Why these margins: both modes compute the same function up to rounding, so most answers come out
+token for token the same; where a near-tie flips one greedy token, the rest of the answer can shift
+by a word or so, and one word (5 - 10 characters) on a page of 300 - 800 characters is a CER change
+of 0.01 - 0.03, either way. A kernel that computes something else changes most tokens of an answer
+(the tests' sabotaged RMSNorm: CER 0 -> above 1). The margins sit between; they are not yet
+calibrated on a trained checkpoint in bf16 on a 910B.
+
+With --against-outputs the same rules compare this run with a trusted device's saved answers: each
+mode here against the trusted baseline, scored against the truth of the same pages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
+from pto_patch.run import ocr_inputs
+from pto_patch.run.compiling import apply_compile
+from pto_patch.run.generation import generate
+from pto_patch.run.inputs import repeat_for_batch
+from pto_patch.run.loading import LoadedModel, versions
+from pto_patch.run.ocr_options import OcrOptions
+from pto_patch.run.ocr_outputs import SavedRun, load_answers, save_answers, weight_files
+from pto_patch.run.ocr_pages import Page, load_pages
+from pto_patch.run.ocr_report import (
+    RANDOM_WEIGHTS_NOTE,
+    TRUTH_NOTE,
+    Comparison,
+    OcrVerifyReport,
+    Reading,
+    mode_summary,
+)
+from pto_patch.run.ocr_scoring import (
+    IOU_THRESHOLD,
+    TASKS,
+    error_rates,
+    normalise_text,
+    normalise_text2d,
+    score_answer,
+)
+from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.report import write_report
+from pto_patch.run.start import start_run
+from pto_patch.run.verification import VerifyOptions
+
+READING_CER_MARGIN = 0.05
+MEAN_CER_MARGIN = 0.01
+BOX_F1_MARGIN = 0.05
+# make-tiny's tokenizer has a few hundred tokens; every trained Qwen2.5-VL checkpoint has 151,000+.
+RANDOM_VOCABULARY_BELOW = 1000
+POOR_BASELINE_CER = 0.5
+
+MARGINS = {
+    "reading_cer_rise": READING_CER_MARGIN,
+    "mean_cer_rise": MEAN_CER_MARGIN,
+    "box_f1_fall": BOX_F1_MARGIN,
+    "lines_parsed": "no fewer LINES answers may parse",
+    "iou_threshold": IOU_THRESHOLD,
+}
+
+
+def _normalise(task: str, text: str) -> str:
+    return normalise_text2d(text) if task == "TEXT2D" else normalise_text(text)
+
+
+def agreement_cer(task: str, reference: str, candidate: str) -> float:
+    """The candidate's answer scored against the reference's answer (0: the same reading)."""
+    reference, candidate = _normalise(task, reference), _normalise(task, candidate)
+    if not reference:
+        return 0.0 if not candidate else 1.0
+    return error_rates(reference, candidate)[0]
+
+
+def compare_readings(
+    references: list[Reading], candidates: list[Reading], reference_label: str
+) -> tuple[list[Comparison], list[str]]:
+    """Per (page, task), a candidate mode's reading against the reference's; the failures of the rules."""
+    by_key = {(r.page, r.task): r for r in references}
+    comparisons = []
+    for candidate in candidates:
+        reference = by_key[(candidate.page, candidate.task)]
+        comparisons.append(
+            Comparison(
+                page=candidate.page,
+                task=candidate.task,
+                reference=reference_label,
+                candidate=candidate.mode,
+                reference_cer=reference.score.cer,
+                candidate_cer=candidate.score.cer,
+                agreement_cer=agreement_cer(candidate.task, reference.answer, candidate.answer),
+                reference_f1=reference.score.box_f1,
+                candidate_f1=candidate.score.box_f1,
+            )
+        )
+    return comparisons, worse_than_reference(comparisons, references, candidates)
+
+
+def worse_than_reference(
+    comparisons: list[Comparison], references: list[Reading], candidates: list[Reading]
+) -> list[str]:
+    if not comparisons:
+        return []
+    who = f"{comparisons[0].candidate} against {comparisons[0].reference}"
+    failures = []
+    for c in comparisons:
+        if c.cer_rise > READING_CER_MARGIN:
+            failures.append(
+                f"{who}: page {c.page}, {c.task} reads worse: CER {c.reference_cer:.3f} -> "
+                f"{c.candidate_cer:.3f} (rise > {READING_CER_MARGIN})"
+            )
+    rise = sum(c.cer_rise for c in comparisons) / len(comparisons)
+    if rise > MEAN_CER_MARGIN:
+        failures.append(
+            f"{who}: mean CER rises by {rise:.3f} (> {MEAN_CER_MARGIN}) over {len(comparisons)} readings"
+        )
+    base, cand = mode_summary(references), mode_summary(candidates)
+    if cand["lines_parsed"] < base["lines_parsed"]:
+        failures.append(
+            f"{who}: {cand['lines_parsed']} LINES answer(s) parse, against {base['lines_parsed']}"
+        )
+    if base["mean_box_f1"] is not None and cand["mean_box_f1"] is not None:
+        fall = base["mean_box_f1"] - cand["mean_box_f1"]
+        if fall > BOX_F1_MARGIN:
+            failures.append(
+                f"{who}: mean box F1 falls by {fall:.3f} (> {BOX_F1_MARGIN}) at IoU {IOU_THRESHOLD}"
+            )
+    return failures
+
+
+def read_pages(
+    loaded: LoadedModel, pages: list[Page], mode: str, output_length: int, image_processor
+) -> list[Reading]:
+    """Every page with every task, in the mode the kernels are switched to now."""
+    readings = []
+    for page in pages:
+        for task in TASKS:
+            inputs = ocr_inputs.build_inputs(
+                loaded.folder,
+                task.prompt,
+                page.image,
+                tokenizer=loaded.tokenizer,
+                image_processor=image_processor,
+            )
+            run = generate(
+                loaded,
+                repeat_for_batch(inputs, 1, loaded.device),
+                output_length,
+                fixed_length=False,
+                logits=False,
+            )
+            answer = loaded.tokenizer.decode(run.new_tokens[0], skip_special_tokens=True)
+            new_tokens = int(run.new_tokens.shape[1])
+            readings.append(
+                Reading(
+                    page=page.name,
+                    task=task.name,
+                    mode=mode,
+                    answer=answer,
+                    new_tokens=new_tokens,
+                    truncated=new_tokens >= output_length,
+                    score=score_answer(task.name, answer, page),
+                    seconds=run.seconds,
+                )
+            )
+    return readings
+
+
+def trusted_readings(saved: SavedRun, pages: list[Page]) -> dict[str, list[Reading]]:
+    """The saved answers as readings (mode `trusted <mode>`), scored against today's truth of the pages."""
+    result: dict[str, list[Reading]] = {}
+    for mode in saved.modes:
+        rows = []
+        for page in pages:
+            for task in TASKS:
+                answer = saved.answers.get((page.name, task.name, mode))
+                if answer is None:
+                    continue
+                rows.append(
+                    Reading(
+                        page=page.name,
+                        task=task.name,
+                        mode=f"trusted {mode}",
+                        answer=answer.answer,
+                        new_tokens=answer.new_tokens,
+                        truncated=answer.truncated,
+                        score=score_answer(task.name, answer.answer, page),
+                    )
+                )
+        result[mode] = rows
+    return result
+
+
+RESIZE_WARNING_FRACTION = 0.03  # the processor rounds each side to its 28-pixel patch groups
+
+
+def model_input_size(page: Page, image_processor) -> tuple[int, int] | None:
+    """The (width, height) the model sees the page at, after the image processor's resize."""
+    if image_processor is None:
+        return None
+    grid = image_processor(images=[page.image], return_tensors="pt")["image_grid_thw"][0]
+    patch = int(getattr(image_processor, "patch_size", 14))
+    return int(grid[2]) * patch, int(grid[1]) * patch
+
+
+def resized_pages(pages: list[Page], image_processor, described: list[dict]) -> list[str]:
+    """Record each page's model input size in `described`; name the pages resized by more than 3 %."""
+    resized = []
+    for page, entry in zip(pages, described, strict=True):
+        size = model_input_size(page, image_processor)
+        entry["model_input_size"] = None if size is None else list(size)
+        if size is not None and any(
+            abs(seen - given) > RESIZE_WARNING_FRACTION * given
+            for seen, given in zip(size, page.image.size, strict=True)
+        ):
+            resized.append(f"{page.name} ({page.image.size[0]}x{page.image.size[1]} -> {size[0]}x{size[1]})")
+    return resized
+
+
+def _image_processor(folder: Path):
+    # build_inputs says what is missing when there is no preprocessor_config.json.
+    return (
+        ocr_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
+    )
+
+
+def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
+    pages = load_pages(ocr.pages)  # bad pages and a bad saved file are usage errors, before any load
+    saved = load_answers(ocr.against_outputs, pages) if ocr.against_outputs is not None else None
+    started = start_run(options, batch=1, use_pto=options.use_pto)
+    loaded, failures, warnings = started.loaded, started.failures, started.warnings
+    compiled = apply_compile(loaded.model, options, warnings)
+    kernels = loaded.kernels
+    switched_on: tuple[str, ...] = ()
+    kernel_backend = None
+    if options.use_pto:
+        lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
+        switched_on, table = choose_ops(
+            options.ops,
+            loaded.spec,
+            loaded.state,
+            1,
+            options.use_dynamic_config,
+            tuning=lookup.tuning if lookup else None,
+        )
+        kernel_backend = backend_for(table, options.kernel_backend)
+    processor = _image_processor(loaded.folder)
+
+    if kernels is not None:
+        kernels.disable()
+        kernels.reset_stats()
+    readings = read_pages(loaded, pages, "baseline", options.output_length, processor)
+    stats = {}
+    if kernels is not None:
+        stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
+        if stray:
+            failures.append(f"kernels ran with every switch off: {stray}")
+        kernels.reset_stats()
+    if options.use_pto:
+        try:
+            set_switches(kernels, switched_on, kernel_backend)
+            readings += read_pages(loaded, pages, "pto", options.output_length, processor)
+        finally:
+            stats = kernels.stats()
+            kernels.disable()
+
+    random_weights = len(loaded.tokenizer) < RANDOM_VOCABULARY_BELOW
+    report = OcrVerifyReport(
+        model_path=str(loaded.folder),
+        device=loaded.device.name,
+        device_reason=loaded.device.reason,
+        dtype=loaded.dtype_name,
+        versions=versions(),
+        load_info=loaded.load_info,
+        pages=[page.describe() for page in pages],
+        tasks={task.name: task.prompt for task in TASKS},
+        output_length=options.output_length,
+        margins=dict(MARGINS),
+        readings=readings,
+        failures=failures,
+        warnings=warnings,
+        notes=[RANDOM_WEIGHTS_NOTE if random_weights else TRUTH_NOTE],
+        random_weights=random_weights,
+        switched_on=list(switched_on),
+        kernel_backend=describe_backend(kernel_backend) if options.use_pto else None,
+        options={**options.to_json(), "pages": None if ocr.pages is None else str(ocr.pages)},
+    )
+    resized = resized_pages(pages, processor, report.pages)
+    if resized and any(page.lines for page in pages) and not random_weights:
+        report.warnings.append(
+            f"the image processor resized page(s) {', '.join(resized)}: LINES boxes are scored in the page's "
+            "pixels, so if the model answers in the resized image's pixels its box F1 is too low"
+        )
+    baseline = [r for r in readings if r.mode == "baseline"]
+    if options.use_pto:
+        report.ops = op_reports(stats, switched_on, loaded.text_layers)
+        more_failures, more_warnings = op_failures(report.ops, options.strict)
+        report.failures += more_failures
+        report.warnings += more_warnings
+        comparisons, worse = compare_readings(baseline, [r for r in readings if r.mode == "pto"], "baseline")
+        report.comparisons += comparisons
+        report.failures += worse
+        if not switched_on:
+            report.warnings.append("no op was switched on, so the PTO run equals the baseline")
+    else:
+        report.notes.append("baseline only: add --use_pto to compare PTO mode with it")
+    if saved is not None:
+        trusted = trusted_readings(saved, pages)
+        report.readings += [r for rows in trusted.values() for r in rows]
+        report.against_outputs = saved.describe()
+        if saved.header.get("weights") != weight_files(loaded.folder):
+            report.warnings.append(
+                f"--against-outputs {saved.path} was read with other weight files: "
+                "the comparison is of two checkpoints, not of two devices"
+            )
+        if saved.redrawn:
+            report.warnings.append(
+                f"--against-outputs {saved.path}: page(s) {', '.join(saved.redrawn)} have the same truth but "
+                "other pixels (another Pillow or FreeType drew them); for identical pages, write them once "
+                "and pass --pages on both devices"
+            )
+        if saved.header.get("output_length") != options.output_length:
+            report.warnings.append(
+                f"--against-outputs {saved.path} was read with --output_length "
+                f"{saved.header.get('output_length')}, this run with {options.output_length}"
+            )
+        for mode in report.modes():
+            if mode.startswith("trusted"):
+                continue
+            comparisons, worse = compare_readings(
+                trusted["baseline"], [r for r in readings if r.mode == mode], "trusted baseline"
+            )
+            report.comparisons += comparisons
+            report.failures += worse
+    truncated = sum(1 for r in readings if r.truncated)
+    if truncated and not random_weights:
+        report.warnings.append(
+            f"{truncated} answer(s) stopped at --output_length {options.output_length}: "
+            "raise it so that a page's whole answer fits"
+        )
+    base_cer = mode_summary(baseline)["mean_cer"]
+    if not random_weights and base_cer is not None and base_cer > POOR_BASELINE_CER:
+        report.warnings.append(
+            f"the baseline itself reads these pages poorly (mean CER {base_cer:.3f}): "
+            "PTO mode agreeing with it proves little; compare with a trusted device (--against-outputs)"
+        )
+    if ocr.save_outputs is not None:
+        header = {
+            "model_path": str(loaded.folder),
+            "weights": weight_files(loaded.folder),
+            "device": loaded.device.name,
+            "dtype": loaded.dtype_name,
+            "versions": report.versions,
+            "output_length": options.output_length,
+        }
+        save_answers(
+            ocr.save_outputs, header, pages, [r for r in readings if not r.mode.startswith("trusted")]
+        )
+        report.saved_outputs = str(ocr.save_outputs)
+    if options.report_file is not None:
+        write_report(report.to_json(), options.report_file)
+    return report
