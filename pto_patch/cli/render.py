@@ -262,7 +262,9 @@ def _verdict(report) -> None:
     _messages(report.failures, report.warnings)
     if report.report_file:
         out.print(f"  report written to {report.report_file}")
-    if report.passed:
+    if report.passed and not getattr(report, "compared", True):
+        out.print("[bold yellow]BASELINE ONLY[/]: nothing was compared, so nothing is verified", markup=True)
+    elif report.passed:
         out.print("[bold green]PASSED[/]", markup=True)
     else:
         out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)

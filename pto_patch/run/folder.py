@@ -32,8 +32,9 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
     if not state.patched:
         if use_pto:
             raise ModelFolderError(
-                f"{folder} is not patched (no .pto_patch/manifest.json): --use_pto has nothing to switch on",
-                f"run `pto-patch apply --model-path {folder}` first, or drop --use_pto for a baseline run",
+                f"{folder} is not patched (no .pto_patch/manifest.json): there is no PTO run to compare",
+                f"run `pto-patch apply --model-path {folder}` first "
+                "(`pto-patch verify --baseline-only` runs the unpatched model alone)",
             )
         return FolderState(folder, False, (), ())
     drifted = state.drifted

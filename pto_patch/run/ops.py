@@ -90,7 +90,9 @@ def choose_ops(
 ) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
     """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch,
     by `tuning` (the folder's, where it applies here) or else by the reference table."""
-    if options_ops is not None:
+    if options_ops is not None and options_ops.strip() == "all" and state.patched_ops:
+        ops = tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
+    elif options_ops is not None:
         ops = parse_ops(options_ops, spec)
     else:
         ops = default_run_ops(state.patched_ops or parse_ops(None, spec))

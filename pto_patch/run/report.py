@@ -255,6 +255,11 @@ class VerifyReport(Verdict):
     report_file: str | None = None
     other_patchers: list[OtherPatcher] = field(default_factory=list)
 
+    @property
+    def compared(self) -> bool:
+        """Whether a PTO run was compared with the baseline (a --baseline-only run compares nothing)."""
+        return self.pto is not None
+
     def ratios(self) -> dict[str, float | None]:
         if self.pto is None:
             return {}
@@ -273,7 +278,8 @@ class VerifyReport(Verdict):
         return {
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
-            "passed": self.passed,
+            "passed": self.passed if self.compared else None,  # nothing compared: no verdict
+            "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "model_path": self.model_path,

@@ -14,6 +14,7 @@ from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_options
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
+from pto_patch.run.preflight import check_ops_patched
 
 
 @dataclass
@@ -33,6 +34,8 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     spec = load_spec(options.model)
     check_options(options, spec, batch)
     folder = resolve_model_folder(options.model_path, spec)
+    if use_pto:
+        check_ops_patched(options.ops, spec, folder)
     if options.image is not None:
         check_image(Path(options.image))
     device = resolve_device(options.device)
