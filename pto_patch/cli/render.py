@@ -85,6 +85,10 @@ def _config_changes(changes) -> None:
 
 
 def _restore_text(result) -> None:
+    if result.not_patched:
+        out.print(f"{result.folder} is not patched; nothing to restore.")
+        _left_behind(result)
+        return
     if result.was_interrupted:
         err.print("the folder held an interrupted apply; it was rolled back")
     out.print(
@@ -102,6 +106,16 @@ def _restore_text(result) -> None:
             else "removed what apply made in the overlay"
         )
         out.print(f"  {gone}; its source {result.overlay_of} was not touched")
+    _left_behind(result)
+
+
+def _left_behind(result) -> None:
+    """Kept edits, and what neither the checkpoint nor the patch put in the folder (restore leaves both)."""
+    earlier = [path for path in result.kept_edits if path not in getattr(result, "kept_edited", ())]
+    if earlier:
+        out.print("  kept edits from before: " + ", ".join(earlier))
+    if result.unexpected:
+        out.print("  not the checkpoint's nor the patch's, left as they are: " + ", ".join(result.unexpected))
 
 
 def _status_text(result) -> None:
@@ -111,7 +125,8 @@ def _status_text(result) -> None:
     if result.state == "in_progress":
         table.add_row("state", "[red]interrupted apply[/] (run pto-patch restore)")
     else:
-        table.add_row("state", "patched" if result.patched else "not patched")
+        # the JSON's words: state "complete" (patched), or none
+        table.add_row("state", f"patched ({result.state})" if result.patched else "not patched")
     if result.patched:
         table.add_row("ops", ", ".join(result.ops))
         found = ", ".join(f"{op}: {', '.join(targets)}" for op, targets in sorted(result.ops_found.items()))
@@ -130,6 +145,9 @@ def _status_text(result) -> None:
         )
     if result.tuning:
         _tuning_rows(table, result.tuning)
+    table.add_row("kept edits", escape(", ".join(result.kept_edits)) or "none")
+    if result.unexpected:
+        table.add_row("not the checkpoint's", escape(", ".join(result.unexpected)) + " (nor the patch's)")
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)

@@ -278,7 +278,9 @@ class VerifyReport(Verdict):
         return {
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
-            "passed": self.passed if self.compared else None,  # nothing compared: no verdict
+            "passed": self.passed
+            if self.compared or not self.passed
+            else None,  # compared nothing: no verdict
             "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),

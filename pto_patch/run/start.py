@@ -26,6 +26,13 @@ class StartedRun:
     warnings: list[str] = field(default_factory=list)
 
 
+def run_folder(options: RunOptions) -> Path:
+    """The model folder a run's options name (checked), before anything loads."""
+    from pto_patch.model.folder import resolve_model_folder
+
+    return resolve_model_folder(options.model_path, load_spec(options.model))
+
+
 def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     """Usage errors first, then the folder and --image, then one load (`loading.load_model`, looked up
     at call time so a test can wrap it)."""

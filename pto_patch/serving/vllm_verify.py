@@ -125,7 +125,9 @@ class VllmVerifyReport(Verdict):
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
             "engine": "vllm",
-            "passed": self.passed if self.compared else None,  # nothing compared: no verdict
+            "passed": self.passed
+            if self.compared or not self.passed
+            else None,  # compared nothing: no verdict
             "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),

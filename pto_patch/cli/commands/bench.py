@@ -54,11 +54,14 @@ def bench(
     use_dynamic_config: DynamicConfigOpt = False,
     allow_modified: AllowModifiedOpt = False,
     output_dir: Annotated[
-        Path,
+        Path | None,
         typer.Option(
-            "--output-dir", "--output_dir", help="Where bench_baseline.json and bench_pypto.json go."
+            "--output-dir",
+            "--output_dir",
+            help="Where bench_baseline.json and bench_pypto.json go. Default: a new folder under "
+            "~/.cache/pto-patch/reports/ (never the model folder).",
         ),
-    ] = Path("."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
