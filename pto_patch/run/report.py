@@ -220,6 +220,12 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
 
+    @property
+    def stated_verdict(self) -> bool | None:
+        """`passed` as the JSON states it: None (no verdict) for a run that compared nothing and failed
+        nothing (verify --baseline-only)."""
+        return self.passed if getattr(self, "compared", True) or not self.passed else None
+
 
 # --- verify ---------------------------------------------------------------------------------------
 
@@ -278,9 +284,7 @@ class VerifyReport(Verdict):
         return {
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
-            "passed": self.passed
-            if self.compared or not self.passed
-            else None,  # compared nothing: no verdict
+            "passed": self.stated_verdict,
             "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),

@@ -125,9 +125,7 @@ class VllmVerifyReport(Verdict):
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
             "engine": "vllm",
-            "passed": self.passed
-            if self.compared or not self.passed
-            else None,  # compared nothing: no verdict
+            "passed": self.stated_verdict,
             "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
