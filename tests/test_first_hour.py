@@ -145,3 +145,177 @@ def test_run_reports_go_to_the_users_cache_never_a_hub_cache(tmp_path: Path, mon
     monkeypatch.setenv("PTO_PATCH_CACHE", str(tmp_path / "hub" / "mine"))  # a default there too
     with pytest.raises(PtoPatchError):
         run_reports_place("bench", model, None, "--output-dir")
+
+
+# --- first mistakes answered ----------------------------------------------------------------------
+
+
+def test_the_hub_id_the_readme_names_is_the_spec(model_folder: Path, capsys):
+    code, status = json_cli(
+        capsys, "status", "--model", "rootsautomation/GutenOCR-3B", "--model-path", str(model_folder)
+    )
+    assert code == EXIT_OK and status["spec"] == "gutenocr_3b"
+    code, error = json_cli(capsys, "status", "--model", "nobody/nothing", "--model-path", str(model_folder))
+    assert code == EXIT_USAGE and "hub id" in error["hint"]
+
+
+def test_a_folder_given_to_model_names_model_path(model_folder: Path, capsys, monkeypatch):
+    code, error = json_cli(capsys, "status", "--model", str(model_folder))
+    assert code == EXIT_USAGE and "is a folder" in error["error"]
+    assert error["hint"] == f"pass the model folder as --model-path {model_folder}"
+    monkeypatch.chdir(model_folder.parent)  # the bare name of a folder here, too
+    code, error = json_cli(capsys, "status", "--model", model_folder.name)
+    assert code == EXIT_USAGE and f"--model-path {model_folder.name}" in error["hint"]
+
+
+def test_config_json_given_as_the_model_path_names_its_folder(model_folder: Path, capsys):
+    code, error = json_cli(capsys, "status", "--model-path", str(model_folder / "config.json"))
+    assert code == 1 and "is a file" in error["error"]
+    assert error["hint"] == f"pass its folder: --model-path {model_folder}"
+
+
+def test_a_hub_cache_repo_folder_points_to_its_snapshot(tmp_path: Path, capsys):
+    repo = tmp_path / "hub" / "models--rootsautomation--GutenOCR-3B"
+    snapshot_dir = repo / "snapshots" / "0123abc"
+    snapshot_dir.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    write_config(snapshot_dir, HUB_CONFIG)
+    code, error = json_cli(capsys, "status", "--model-path", str(repo))
+    assert code == 1 and "cache repo folder" in error["error"]
+    assert error["hint"] == f"pass one of its snapshots: --model-path {snapshot_dir}"
+
+
+def test_an_in_place_apply_on_a_cache_snapshot_suggests_overlay(tmp_path: Path, capsys):
+    snapshot_dir = tmp_path / "hub" / "models--o--n" / "snapshots" / "0123abc"
+    snapshot_dir.mkdir(parents=True)
+    write_config(snapshot_dir, HUB_CONFIG)
+    capsys.readouterr()
+    assert cli("apply", "--model-path", str(snapshot_dir)) == EXIT_OK
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is a Hugging Face cache snapshot" in err and "--overlay DIR" in err
+    cli("restore", "--model-path", str(snapshot_dir))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_config(plain, HUB_CONFIG)
+    capsys.readouterr()
+    assert cli("apply", "--model-path", str(plain)) == EXIT_OK
+    assert "--overlay" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("apply", "./tiny"), "pass the model folder as --model-path ./tiny"),
+        (("status", "./tiny"), "pass the model folder as --model-path ./tiny"),
+        (("bench", "--use_pto"), "bench always runs the kernels off and on: drop --use_pto"),
+        (("verify", "--batches", "1,4"), "verify runs one batch size: --batch N"),
+    ],
+)
+def test_a_first_usage_mistake_gets_a_hint(args, hint, capsys):
+    assert cli(*args) == EXIT_USAGE
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("hint: ") and hint in last
+    code, error = json_cli(capsys, *args)
+    assert code == EXIT_USAGE and hint in error["hint"] and error["command"] == args[0]
+
+
+def test_dash_h_is_help_everywhere(capsys):
+    for args in ((), ("apply",), ("verify",), ("skill", "install")):
+        with pytest.raises(SystemExit) as done:
+            main([*args, "-h"])
+        assert done.value.code in (0, None), args
+        assert capsys.readouterr().out.startswith("Usage: pto-patch"), args
+
+
+def test_help_lists_each_command_by_its_whole_first_sentence(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split("Commands:")[1].split())
+    assert "..." not in listing
+    assert (
+        "Run the patched model with the kernels off, then on; check it computes the same, and time it."
+        in listing
+    )
+
+
+def test_the_edit_hints_name_restore_force_and_the_kept_copy(model_folder: Path, capsys):
+    from pto_patch.errors import PtoPatchError
+    from pto_patch.run.folder import check_folder
+
+    engine.apply_patch(model_path=model_folder)
+    edit(model_folder, "mine")
+    with pytest.raises(PtoPatchError) as refused:
+        check_folder(model_folder, use_pto=True, allow_modified=False)
+    assert f"pto-patch restore --model-path {model_folder} --force" in refused.value.hint
+    assert "modeling_qwen2_5_vl.py.edited" in refused.value.hint
+    (model_folder / "modeling_qwen2_5_vl.py.edited").write_text("an earlier kept copy")
+    code, error = json_cli(capsys, "apply", "--model-path", str(model_folder))
+    assert code == 4 and "--force" in error["hint"] and "modeling_qwen2_5_vl.py.edited.2" in error["hint"]
+
+
+# --- one exit code per kind of mistake ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("verify", "--dtype", "fp8"),
+        ("verify", "--kernel-backend", "cuda"),
+        ("verify", "--ops", "layernorm"),
+        ("bench", "--ops", "layernorm"),
+        ("apply", "--ops", "layernorm"),
+        ("apply", "--model", "qwen9"),
+    ],
+)
+def test_a_bad_option_value_exits_2(model_folder: Path, args, capsys):
+    code, error = json_cli(capsys, *args, "--model-path", str(model_folder))
+    assert code == EXIT_USAGE == error["exit_code"], error
+
+
+# --- smaller ------------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_of_a_patched_folder_says_dry_run(model_folder: Path, capsys):
+    engine.apply_patch(model_path=model_folder)
+    code, document = json_cli(capsys, "apply", "--model-path", str(model_folder), "--dry-run")
+    assert code == EXIT_OK and document["already_applied"] and document["dry_run"] is True
+
+
+def test_a_dry_run_diffs_an_added_modeling_file_against_its_source(model_folder: Path, capsys):
+    from pto_patch.model.locate import installed_transformers_dir
+
+    source = installed_transformers_dir() / "models" / "qwen2_5_vl" / "modeling_qwen2_5_vl.py"
+    capsys.readouterr()
+    assert cli("apply", "--model-path", str(model_folder), "--dry-run") == EXIT_OK
+    diff = capsys.readouterr().out
+    assert f"--- {source}\n+++ b/modeling_qwen2_5_vl.py" in diff and "--- /dev/null" not in diff
+    added = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert len(added) < len(source.read_text().splitlines()) / 2  # the rewrite's lines, not the whole file
+
+
+def test_status_text_says_the_state_its_json_says(model_folder: Path, capsys):
+    engine.apply_patch(model_path=model_folder)
+    code, document = json_cli(capsys, "status", "--model-path", str(model_folder))
+    cli("status", "--model-path", str(model_folder))
+    assert document["state"] == "complete" and f"patched ({document['state']})" in capsys.readouterr().out
+
+
+def test_an_interrupted_json_run_still_prints_one_document(model_folder: Path, capsys, monkeypatch):
+    from pto_patch.patching import folder_status
+
+    def interrupted(**_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder_status, "model_status", interrupted)
+    code, document = json_cli(capsys, "status", "--model-path", str(model_folder))
+    assert code == 130 == document["exit_code"] and document["error"] == "interrupted"
+    assert document["command"] == "status"
+
+
+def test_make_tiny_weights_are_as_readable_as_its_other_files(tmp_path: Path):
+    from pto_patch.hub.tiny_model import make_tiny
+
+    make_tiny(tmp_path / "tiny")
+    config_mode = (tmp_path / "tiny" / "config.json").stat().st_mode & 0o777
+    shards = sorted((tmp_path / "tiny").glob("*.safetensors"))
+    assert shards and {shard.stat().st_mode & 0o777 for shard in shards} == {config_mode}

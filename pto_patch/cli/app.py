@@ -20,6 +20,7 @@ from pto_patch.cli.console import print_json, report_error, report_hint, report_
 from pto_patch.cli.lazy_commands import lazy_app
 from pto_patch.cli.options import app
 from pto_patch.cli.usage_hints import command_of, usage_hint
+from pto_patch.errors import EXIT_INTERRUPTED
 
 try:  # recent typer releases vendor click
     from typer._click import exceptions as click_exceptions
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     command = command_of(args)
     try:
         code = lazy_app(app)(args=args, prog_name="pto-patch", standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # typer returns Ctrl-C as 130, having said nothing
+            code = report_interrupted(command, as_json=as_json)
     except typer.Exit as exc:
         code = exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
