@@ -53,11 +53,14 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
         )
     if not config.is_file() and hub_cache.is_cache_repo(folder):
         snapshots = hub_cache.snapshots_of(folder)
+        if not snapshots:
+            raise ModelFolderError(
+                f"{folder} (from {origin}) is a Hugging Face cache repo folder, not a model folder",
+                "it holds no snapshot yet: download the model first (`pto-patch download`)",
+            )
         raise ModelFolderError(
             f"{folder} (from {origin}) is a Hugging Face cache repo folder, not a model folder",
-            f"pass one of its snapshots: --model-path {snapshots[0]}"
-            if snapshots
-            else "it holds no snapshot yet: download the model first (`pto-patch download`)",
+            f"pass one of its snapshots: --model-path {snapshots[0]}",
         )
     if not config.is_file():
         raise ModelFolderError(
