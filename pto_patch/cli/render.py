@@ -247,14 +247,27 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _pct(new: float | None, old: float | None) -> str:
+def _pct(new: float | None, old: float | None, digits: int = 3) -> str:
     if new is None or not old:
         return "-"
+    if _fmt(new, digits) == _fmt(old, digits):
+        return "same as shown"  # a percentage between two equal-looking figures is noise of rounding
     return f"{(new - old) / old * 100:+.1f} %"
 
 
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def _times(value: float | None, new: float | None = None, old: float | None = None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if new is not None and old is not None and _fmt(new, digits) == _fmt(old, digits):
+        return "same as shown"
+    return f"{value:.2f}x"
+
+
+def _speed_line(label: str, estimate) -> None:
+    """The per-round speed ratio with its noise band, or why the runs say nothing yet."""
+    from pto_patch.run.noise import describe
+
+    out.print(f"  {label}: PTO speed / baseline, per timed round: {describe(estimate)}", markup=False)
 
 
 # (label, ModeMetrics attribute, digits): the rows verify's and bench's timing tables share.
@@ -417,9 +430,14 @@ def _timing_table(report) -> None:
         cells = [label, _fmt(getattr(base, key), digits)]
         if pto is not None:
             ratio = ratios.get(key, ratio_of(getattr(pto, key), getattr(base, key)))
-            cells += [_fmt(getattr(pto, key), digits), _times(ratio)]
+            cells += [
+                _fmt(getattr(pto, key), digits),
+                _times(ratio, getattr(pto, key), getattr(base, key), digits),
+            ]
         table.add_row(*cells)
     out.print(table)
+    if pto is not None:
+        _speed_line("speed", report.speed())
     out.print(f"  peak memory: {report.peak_memory_source}")
 
 
@@ -474,7 +492,7 @@ def _bench_text(result) -> None:
                 label,
                 _fmt(base, digits),
                 _fmt(pto, digits),
-                _pct(pto, base),
+                _pct(pto, base, digits),
                 end_section=index == len(rows) - 1,
             )
     out.print(table)
@@ -485,6 +503,8 @@ def _bench_text(result) -> None:
     out.print(f"  peak memory: {result.peak_memory_source}")
     _compilation(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
+    for run in result.runs:
+        _speed_line(f"batch {run.batch}", run.speed())
     for run in result.runs:
         out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")
         for row in run.dynamic_config or ():

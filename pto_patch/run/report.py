@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+from pto_patch.run.noise import Band, speed_band
 
 if TYPE_CHECKING:
     from pto_patch.run.compiling import Compilation
@@ -266,6 +267,12 @@ class VerifyReport(Verdict):
         """Whether a PTO run was compared with the baseline (a --baseline-only run compares nothing)."""
         return self.pto is not None
 
+    def speed(self) -> Band | None:
+        """PTO's speed over the baseline's per timed round, with its noise band (None: nothing compared)."""
+        if self.pto is None:
+            return None
+        return speed_band(self.baseline.latencies_s, self.pto.latencies_s)
+
     def ratios(self) -> dict[str, float | None]:
         if self.pto is None:
             return {}
@@ -298,6 +305,7 @@ class VerifyReport(Verdict):
             "baseline": self.baseline.to_json(),
             "pto": pto,
             "ratios": {key: (None if v is None else round(v, 4)) for key, v in self.ratios().items()},
+            "speed": None if self.pto is None else self.speed().to_json(),
             "accuracy": None if self.accuracy is None else self.accuracy.to_json(),
             "patched_ops": list(self.patched_ops),
             "switched_on": list(self.switched_on),
@@ -347,6 +355,10 @@ class BatchRun:
     pto: ModeRun
     switched_on: tuple[str, ...]
     dynamic_config: list[dict[str, Any]] | None
+
+    def speed(self) -> Band:
+        """PTO's speed over the baseline's per timed round, with its noise band."""
+        return speed_band(self.baseline.metrics.latencies_s, self.pto.metrics.latencies_s)
 
 
 @dataclass
@@ -425,6 +437,7 @@ class BenchResult(Verdict):
                     "baseline": base,
                     "pto": pto,
                     "pto_vs_baseline_pct": diff,
+                    "speed": run.speed().to_json(),
                     "switched_on": list(run.switched_on),
                     "dynamic_config": run.dynamic_config,
                 }
