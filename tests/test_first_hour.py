@@ -319,3 +319,137 @@ def test_make_tiny_weights_are_as_readable_as_its_other_files(tmp_path: Path):
     config_mode = (tmp_path / "tiny" / "config.json").stat().st_mode & 0o777
     shards = sorted((tmp_path / "tiny").glob("*.safetensors"))
     assert shards and {shard.stat().st_mode & 0o777 for shard in shards} == {config_mode}
+
+
+# --- numbers with their noise -------------------------------------------------------------------------
+
+
+def _metrics(latencies: list[float], batch: int = 1):
+    from pto_patch.run.report import ModeMetrics
+
+    mean = sum(latencies) / len(latencies)
+    return ModeMetrics(
+        load_s=1.0,
+        latency_s=mean,
+        tokens=8,
+        tokens_per_s=8 / mean,
+        peak_memory_mb=10.0,
+        batch=batch,
+        new_tokens_per_sequence=8,
+        latencies_s=latencies,
+        prefill_s=0.1,
+        decode_step_s=0.0001,
+    )
+
+
+def _bench(base: list[float], pto: list[float], ops: dict | None = None):
+    from pto_patch.run.report import BatchRun, BenchResult, LoadInfo, ModeRun
+
+    runs = [BatchRun(1, ModeRun(_metrics(base)), ModeRun(_metrics(pto), ops or {}), ("rms_norm",), None)]
+    return BenchResult(
+        model_path="m",
+        device="cpu",
+        dtype="float32",
+        versions={},
+        input={"kind": "text"},
+        load_info=LoadInfo([], [], [], True),
+        weight_bytes_per_token=1000,
+        copy_bandwidth_bytes_s=1e9,
+        peak_memory_source="rss",
+        runs=runs,
+    )
+
+
+def test_a_ratio_comes_with_its_noise_band_and_says_within_noise_or_too_few():
+    from pto_patch.run.noise import FASTER, TOO_FEW, WITHIN_NOISE, describe, speed_band
+
+    one = speed_band([1.0], [0.4])  # `bench --iters 1`: "+150 %" from one pair of runs
+    assert one.verdict == TOO_FEW and "too few to tell" in describe(one) and "--iters 3" in describe(one)
+    noisy = speed_band([1.0, 1.0, 1.0, 1.0, 1.0], [0.5, 1.6, 0.9, 1.3, 0.7])
+    assert noisy.low < 1.0 < noisy.high and noisy.verdict == WITHIN_NOISE
+    steady = speed_band([1.0, 1.02, 0.99, 1.01, 1.0], [0.8, 0.81, 0.8, 0.79, 0.8])
+    assert steady.low > 1.0 and steady.verdict == FASTER and describe(steady).endswith(FASTER)
+    document = _bench([1.0, 1.0, 1.0], [0.5, 1.6, 0.9]).to_json()
+    assert document["runs"][0]["speed"]["verdict"] == WITHIN_NOISE
+
+
+def test_bench_text_gives_the_band_and_no_percentage_between_equal_figures(capsys):
+    from pto_patch.cli import render
+
+    render.show(_bench([0.5], [0.2]), as_json=False)
+    text = capsys.readouterr().out
+    assert "batch 1: PTO speed / baseline, per timed round: 2.50x (1 timed run(s): too few to tell" in text
+    floor_row = next(line for line in text.splitlines() if "bandwidth floor / step" in line)
+    assert "same as shown" in floor_row and "%" not in floor_row  # 0.0001 vs 0.0001
+
+
+def test_tune_states_a_verdict_that_agrees_with_its_band():
+    from pto_patch.tune import selection as ts
+
+    entry = ts.Measured(ts.Candidate.of({"rms_norm": "fused"}), tokens_per_s=[5.0, 5.0, 5.0])
+    entry.ratios = [0.5, 0.6, 0.58]
+    entry.band, entry.verdict = ts.band(entry.ratios), ts.UNDECIDED  # the sign test needs 5 rounds
+    assert entry.band.high < 1.0
+    assert entry.summary()["verdict"] == "undecided: slower by its band, not confirmed in 3 round(s)"
+    entry.band = ts.band([0.5, 1.4, 0.9])
+    assert entry.summary()["verdict"] == ts.UNDECIDED  # a band across 1: undecided it is
+
+
+def test_a_tuned_choice_tells_patched_but_not_tuned_from_not_patched():
+    from types import SimpleNamespace
+
+    from pto_patch.run.ops import tuned_choice
+
+    choice = SimpleNamespace(batch=1, ops={"rms_norm": "fused"}, decided="measured faster")
+    tuning = SimpleNamespace(for_batch=lambda batch: choice, header={"ops_tuned": ["rms_norm"]})
+    patched = ("rms_norm", "mrope", "swiglu_mlp", "mlp_block")
+    rows = {row["op"]: row["reason"] for row in tuned_choice(tuning, 1, ("rms_norm", "swiglu_mlp"), patched)}
+    assert "patched in, but not tuned" in rows["swiglu_mlp"]
+    assert "not among this run's ops" in rows["mlp_block"] and "not patched" not in rows["mlp_block"]
+    assert rows["residual_rms_norm"].endswith("not patched into this folder")
+
+
+# --- the skill's report checker -----------------------------------------------------------------------
+
+
+def _checker():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "scripts" / "check_report.py"
+    spec = importlib.util.spec_from_file_location("check_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_report_reads_bench_and_demo_reports_without_false_failures():
+    from pto_patch.run.report import Accuracy, DemoResult, LoadInfo, OpReport, VerifyReport
+
+    checker = _checker()
+    ran = {"rms_norm": OpReport(True, "fused", 4, 0), "mrope": OpReport(False, None, 0, 0)}
+    bench = _bench([1.0, 1.0, 1.0], [0.9, 0.9, 0.9], ran).to_json()
+    assert [row for row in checker.criteria(bench) if row[0] == "FAIL"] == []
+    bench["runs"][0]["pto"]["ops"]["rms_norm"]["calls"] = 0  # a real failure still is one
+    assert [row[1] for row in checker.criteria(bench) if row[0] == "FAIL"] == [
+        "batch 1: rms_norm: switched on and ran"
+    ]
+
+    verify = VerifyReport(
+        model_path="m",
+        device="cpu",
+        device_reason="",
+        dtype="float32",
+        versions={},
+        input={"kind": "text"},
+        load_info=LoadInfo([], [], [], True),
+        baseline=_metrics([1.0]),
+        pto=_metrics([1.0]),
+        ops=ran,
+        accuracy=Accuracy(0.0, 0.0, 1.0, True, True, 0.1, 0.05, True, "a", "a"),
+    )
+    demo = DemoResult("d", False, 1.0, [], files_compared=3, hash_differences=[], verify=verify).to_json()
+    assert [row for row in checker.criteria(demo) if row[0] == "FAIL"] == []
+    demo["hash_differences"], demo["hashes_identical"] = ["config.json"], False
+    assert [row[1] for row in checker.criteria(demo) if row[0] == "FAIL"] == [
+        "folder byte-identical after restore"
+    ]
