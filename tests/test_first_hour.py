@@ -453,3 +453,14 @@ def test_check_report_reads_bench_and_demo_reports_without_false_failures():
     assert [row[1] for row in checker.criteria(demo) if row[0] == "FAIL"] == [
         "folder byte-identical after restore"
     ]
+
+
+def test_verify_through_vllm_compares_by_default_too():
+    from pto_patch.errors import PtoPatchError
+    from pto_patch.serving.vllm_verify import VllmVerifyOptions
+
+    assert VllmVerifyOptions.from_verify({"model": "gutenocr_3b"}).use_pto is True
+    assert VllmVerifyOptions.from_verify({"baseline_only": True}).use_pto is False
+    with pytest.raises(PtoPatchError) as both:
+        VllmVerifyOptions.from_verify({"baseline_only": True, "use_pto": True})
+    assert both.value.exit_code == EXIT_USAGE

@@ -84,7 +84,9 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
-    place = run_reports_place("bench", run_folder(options), options.output_dir, "--output-dir")
+    place = run_reports_place(
+        "bench", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+    )
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device

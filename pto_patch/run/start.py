@@ -26,11 +26,13 @@ class StartedRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def run_folder(options: RunOptions) -> Path:
-    """The model folder a run's options name (checked), before anything loads."""
+def run_folder(options: RunOptions, *, batch: int) -> Path:
+    """The model folder a run's options name, before anything loads: usage errors first, as in start_run."""
     from pto_patch.model.folder import resolve_model_folder
 
-    return resolve_model_folder(options.model_path, load_spec(options.model))
+    spec = load_spec(options.model)
+    check_options(options, spec, batch)
+    return resolve_model_folder(options.model_path, spec)
 
 
 def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
