@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
-from pto_patch.run.noise import Band, speed_band
 
 if TYPE_CHECKING:
     from pto_patch.run.compiling import Compilation
+    from pto_patch.run.noise import Band
 
 SCHEMA_VERSION = 1
 DEMO_TIMING_NOTE = (
@@ -269,6 +269,8 @@ class VerifyReport(Verdict):
 
     def speed(self) -> Band | None:
         """PTO's speed over the baseline's per timed round, with its noise band (None: nothing compared)."""
+        from pto_patch.run.noise import speed_band  # the quick commands' JSON imports this module
+
         if self.pto is None:
             return None
         return speed_band(self.baseline.latencies_s, self.pto.latencies_s)
@@ -358,6 +360,8 @@ class BatchRun:
 
     def speed(self) -> Band:
         """PTO's speed over the baseline's per timed round, with its noise band."""
+        from pto_patch.run.noise import speed_band  # the quick commands' JSON imports this module
+
         return speed_band(self.baseline.metrics.latencies_s, self.pto.metrics.latencies_s)
 
 
