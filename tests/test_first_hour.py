@@ -383,6 +383,16 @@ def test_bench_text_gives_the_band_and_no_percentage_between_equal_figures(capsy
     assert "same as shown" in floor_row and "%" not in floor_row  # 0.0001 vs 0.0001
 
 
+def test_a_ratio_is_never_shown_as_the_gain_of_an_op_that_never_ran(capsys):
+    from pto_patch.cli import render
+    from pto_patch.run.report import OpReport
+
+    ops = {"rms_norm": OpReport(True, "fused", 4, 0), "swiglu_mlp": OpReport(True, None, 0, 0)}
+    render.show(_bench([1.0, 1.0, 1.0], [0.6, 0.6, 0.7], ops), as_json=False)
+    line = next(line for line in capsys.readouterr().out.splitlines() if "per timed round" in line)
+    assert "no gain of swiglu_mlp: switched on, never ran" in line and "rms_norm" not in line
+
+
 def test_tune_states_a_verdict_that_agrees_with_its_band():
     from pto_patch.tune import selection as ts
 

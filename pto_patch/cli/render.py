@@ -263,11 +263,16 @@ def _times(value: float | None, new: float | None = None, old: float | None = No
     return f"{value:.2f}x"
 
 
-def _speed_line(label: str, estimate) -> None:
-    """The per-round speed ratio with its noise band, or why the runs say nothing yet."""
+def _speed_line(label: str, estimate, ops=None) -> None:
+    """The per-round speed ratio with its noise band, or why the runs say nothing yet; and, where a
+    switched-on op never ran, that the ratio is no gain of its."""
     from pto_patch.run.noise import describe
 
-    out.print(f"  {label}: PTO speed / baseline, per timed round: {describe(estimate)}", markup=False)
+    silent = [
+        op for op, entry in (ops or {}).items() if entry.switched_on and not entry.calls and not entry.inside
+    ]
+    note = f" (no gain of {', '.join(silent)}: switched on, never ran)" if silent else ""
+    out.print(f"  {label}: PTO speed / baseline, per timed round: {describe(estimate)}{note}", markup=False)
 
 
 # (label, ModeMetrics attribute, digits): the rows verify's and bench's timing tables share.
@@ -437,7 +442,7 @@ def _timing_table(report) -> None:
         table.add_row(*cells)
     out.print(table)
     if pto is not None:
-        _speed_line("speed", report.speed())
+        _speed_line("speed", report.speed(), report.ops)
     out.print(f"  peak memory: {report.peak_memory_source}")
 
 
@@ -504,7 +509,7 @@ def _bench_text(result) -> None:
     _compilation(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
     for run in result.runs:
-        _speed_line(f"batch {run.batch}", run.speed())
+        _speed_line(f"batch {run.batch}", run.speed(), run.pto.ops)
     for run in result.runs:
         out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")
         for row in run.dynamic_config or ():
