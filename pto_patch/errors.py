@@ -12,6 +12,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_VERIFY_FAILED = 3
 EXIT_DRIFTED = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it (128 + SIGINT)
 
 
 class PtoPatchError(Exception):

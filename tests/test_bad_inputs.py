@@ -171,9 +171,15 @@ CORPUS: dict[str, Callable[[Path], None]] = {
         manifest_edit(lambda m: m["files"][2].update(backup=".pto_patch/backup/../../../outside.txt"))
     ),
 }
-# Where a command may fairly succeed: status reports any folder it can read, and a patched folder
-# whose backup is gone is still patched (only restore needs the backup, and refuses).
-ACCEPTED = {("status", name) for name in CORPUS if not name.startswith(("manifest-", "pto-patch-"))}
+# Where a command may fairly succeed: status reports any folder it can read, restore of a folder that
+# holds no patch is a no-op, and a patched folder whose backup is gone is still patched (only restore
+# needs the backup, and refuses).
+ACCEPTED = {
+    (command, name)
+    for name in CORPUS
+    if not name.startswith(("manifest-", "pto-patch-"))
+    for command in ("status", "restore")
+}
 ACCEPTED |= {("status", "manifest-backup-missing"), ("apply", "manifest-backup-missing")}
 
 

@@ -262,7 +262,7 @@ def test_bad_folders_get_one_line_a_hint_and_exit_1(tmp_path: Path, capsys, case
 def test_unknown_model_lists_the_known_ones(model_folder: Path, capsys):
     with pytest.raises(SpecError):
         engine.apply_patch(model="qwen9", model_path=model_folder)
-    assert run_cli("apply", "--model", "qwen9", "--model-path", str(model_folder)) == 1
+    assert run_cli("apply", "--model", "qwen9", "--model-path", str(model_folder)) == 2  # a bad option value
     assert "known models: gutenocr_3b" in capsys.readouterr().err
 
 

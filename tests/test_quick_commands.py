@@ -72,6 +72,7 @@ HELP_MODULES = sorted(
         "pto_patch.cli.console",
         "pto_patch.cli.lazy_commands",
         "pto_patch.cli.options",
+        "pto_patch.cli.usage_hints",
         "pto_patch.cli.values",
         "pto_patch.errors",
     ]

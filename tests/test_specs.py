@@ -200,7 +200,7 @@ def test_bad_spec_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
     broken.write_text("{ not json")
     assert run_cli("models", "--model", str(broken)) == 1
     assert "not valid JSON" in capsys.readouterr().err
-    assert run_cli("models", "--model", str(tmp_path / "missing.json")) == 1
+    assert run_cli("models", "--model", str(tmp_path / "missing.json")) == 2  # a bad option value
     assert "does not exist" in capsys.readouterr().err
     assert run_cli("models", "--model", str(write_spec(tmp_path, tie_word_embeddings="yes"))) == 1
     assert "tie_word_embeddings" in capsys.readouterr().err

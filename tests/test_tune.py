@@ -609,3 +609,16 @@ def test_the_text_report_shows_the_winner_measured_again(monkeypatch):
     text = screen.export_text()
     assert "swiglu_mlp=fused (measured again)" in text and "within noise" in text
     assert "the best gain did not hold when measured again" in text
+
+
+def test_a_tune_that_decides_nothing_keeps_the_earlier_tuning(patched_copy: Path, tmp_path: Path):
+    earlier = patched_copy / TUNING_PATH
+    earlier.write_text('{"an": "earlier tuning"}\n')
+    # 1 s is all the write reserve: no batch size can be decided, and "nothing on" says nothing
+    done = run_cli(
+        ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "1", *QUICK], tmp_path
+    )
+    doc = json.loads(done.stdout)
+    assert done.returncode == 3, doc
+    assert doc["tuning_file"] is None and any("kept the earlier tuning" in f for f in doc["failures"])
+    assert earlier.read_text() == '{"an": "earlier tuning"}\n'

@@ -614,10 +614,43 @@ def test_a_wrong_decoder_block_fails_with_exit_3(patched_copy: Path, tmp_path: P
     assert doc["pto"]["ops"]["mlp_block"]["calls"] > 0
 
 
+def test_ops_the_folder_was_not_patched_with_are_refused_before_loading(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "partial"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder, ops="rms_norm")
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("loaded before refusing"))
+    for command in ("verify", "bench", "tune"):
+        with pytest.raises(PtoPatchError) as refused:
+            run = {"verify": verify.run_verify, "bench": bench.run_bench}.get(command)
+            if run is verify.run_verify:
+                run(VerifyOptions(model_path=folder, ops="swiglu_mlp"))
+            elif run is bench.run_bench:
+                run(bench.BenchOptions(model_path=folder, ops="rms_norm,swiglu_mlp"))
+            else:
+                from pto_patch.tune.tuning import TuneOptions, run_tune
+
+                run_tune(TuneOptions(model_path=folder, ops="swiglu_mlp"))
+        error = refused.value
+        assert error.exit_code == EXIT_USAGE, command
+        assert (
+            "patched with rms_norm only" in error.message and "swiglu_mlp is not patched in" in error.message
+        )
+        assert f"apply --model-path {folder.resolve()} --ops rms_norm,swiglu_mlp" in error.hint
+    # `all` is every op patched in: nothing to refuse
+    from pto_patch.run.ops import choose_ops
+
+    state = check_folder(folder.resolve(), use_pto=True, allow_modified=False)
+    assert choose_ops("all", load_spec("gutenocr_3b"), state, 1, False)[0] == ("rms_norm",)
+
+
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):
     folder = tmp_path / "partial"
     make_tiny(folder)
     engine.apply_patch(model_path=folder, ops="rms_norm,swiglu_mlp")  # no MRoPE injection in the code
+    manifest = folder / MANIFEST_DIR / "manifest.json"  # a manifest that claims MRoPE: its guard is absent
+    data = json.loads(manifest.read_text())
+    data["ops"] = ["rms_norm", "mrope", "swiglu_mlp"]
+    manifest.write_text(json.dumps(data))
     done = run_cli(
         ["verify", "--model-path", str(folder), "--use_pto", "--ops", "rms_norm,mrope,swiglu_mlp", "--json"]
         + FAST,
@@ -783,15 +816,33 @@ def test_dynamic_config_switches_on_by_batch(patched_tiny: Path, tmp_path: Path)
     assert doc["baseline"]["tokens"] == 5 * 8
 
 
-def test_baseline_only_on_an_unpatched_folder(tmp_path: Path):
+def test_verify_compares_by_default_and_a_baseline_only_run_never_passes(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(["verify", "--model-path", str(patched_tiny), "--json"] + FAST, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json_out(done)  # no --use_pto: compared all the same
+    assert doc["compared"] and doc["passed"] is True and doc["accuracy"] is not None
+    assert doc["switched_on"] == ["rms_norm", "mrope", "swiglu_mlp"]
+    alone = run_cli(["verify", "--model-path", str(patched_tiny), "--baseline-only"] + FAST, tmp_path)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "PASSED" not in alone.stdout and "BASELINE ONLY" in alone.stdout
+    both = run_cli(["verify", "--model-path", str(patched_tiny), "--baseline-only", "--use_pto"], tmp_path)
+    assert both.returncode == EXIT_USAGE and "--baseline-only and --use_pto" in both.stderr
+
+
+def test_an_unpatched_folder_is_refused_unless_baseline_only(tmp_path: Path):
     folder = tmp_path / "plain"
     make_tiny(folder)
-    done = run_cli(["verify", "--model-path", str(folder), "--json"] + FAST, tmp_path)
+    refused = run_cli(["verify", "--model-path", str(folder)] + FAST, tmp_path)
+    assert (
+        refused.returncode == 1
+        and "pto-patch apply" in refused.stderr
+        and "--baseline-only" in refused.stderr
+    )
+    done = run_cli(["verify", "--model-path", str(folder), "--baseline-only", "--json"] + FAST, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json_out(done)
-    assert doc["pto"] is None and doc["accuracy"] is None and doc["passed"]
-    refused = run_cli(["verify", "--model-path", str(folder), "--use_pto"] + FAST, tmp_path)
-    assert refused.returncode == 1 and "pto-patch apply" in refused.stderr
+    assert doc["pto"] is None and doc["accuracy"] is None
+    assert doc["passed"] is None and doc["compared"] is False  # no verdict for a comparison not made
 
 
 # --- other patchers -------------------------------------------------------------------------------
@@ -851,8 +902,12 @@ def test_a_class_forward_replaced_after_import_fails_verify(patched_tiny: Path, 
     assert f"{len(modules)} module(s)" in failure
 
 
-def test_without_use_pto_another_patcher_is_a_warning(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(["verify", "--model-path", str(patched_tiny)] + FAST, tmp_path, after_load=PATCH_ONE_MLP)
+def test_baseline_only_another_patcher_is_a_warning(patched_tiny: Path, tmp_path: Path):
+    done = run_cli(
+        ["verify", "--model-path", str(patched_tiny), "--baseline-only"] + FAST,
+        tmp_path,
+        after_load=PATCH_ONE_MLP,
+    )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     assert "other patchers: swiglu_mlp: 1 module(s) bypass the guard" in " ".join(done.stdout.split())
     assert "warning: swiglu_mlp: 1 module(s) bypass the injected guard" in " ".join(done.stderr.split())

@@ -87,7 +87,7 @@ def test_an_unknown_op_fails_as_in_verify(tiny: Path):
     done = _cli(
         ["verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,gelu", "--model-path", str(tiny)]
     )
-    assert done.returncode == 1 and "unknown op(s) gelu" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "unknown op(s) gelu" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_decoder_layer_block_is_a_usage_error_naming_what_vllm_runs(tiny: Path):

@@ -14,7 +14,7 @@ import traceback
 from functools import cached_property
 from typing import Any
 
-from pto_patch.errors import EXIT_ERROR, PtoPatchError
+from pto_patch.errors import EXIT_ERROR, EXIT_INTERRUPTED, PtoPatchError
 
 DEBUG_ENV = "PTO_PATCH_DEBUG"
 
@@ -81,7 +81,30 @@ def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/] {escape(message)}", markup=True, highlight=False)
 
 
-def report_error(exc: BaseException, *, as_json: bool = False) -> int:
+def report_hint(hint: str) -> None:
+    err.print(f"[bold]hint:[/] {escape(hint)}", markup=True, highlight=False)
+
+
+INTERRUPTED_HINT = "run it again; `pto-patch status` shows the folder's state (apply and restore roll back)"
+
+
+def report_interrupted(command: str | None, *, as_json: bool = False) -> int:
+    """An interrupted run (Ctrl-C): one line, and under --json still one document."""
+    if as_json:
+        print_json(
+            {
+                "error": "interrupted",
+                "hint": INTERRUPTED_HINT,
+                "exit_code": EXIT_INTERRUPTED,
+                "command": command,
+            }
+        )
+    else:
+        err.print("[bold red]interrupted[/]", markup=True, highlight=False)
+    return EXIT_INTERRUPTED
+
+
+def report_error(exc: BaseException, *, as_json: bool = False, command: str | None = None) -> int:
     """Render `exc` as one line plus a hint; return the exit code to use."""
     if isinstance(exc, PtoPatchError):
         message, hint, code = exc.message, exc.hint, exc.exit_code
@@ -93,9 +116,9 @@ def report_error(exc: BaseException, *, as_json: bool = False) -> int:
     if debug_enabled():
         traceback.print_exception(exc, file=sys.stderr)
     if as_json:
-        print_json({"error": message, "hint": hint, "exit_code": code})
+        print_json({"error": message, "hint": hint, "exit_code": code, "command": command})
     else:
         err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
         if hint:
-            err.print(f"[bold]hint:[/] {escape(hint)}", markup=True, highlight=False)
+            report_hint(hint)
     return code

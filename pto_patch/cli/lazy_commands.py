@@ -18,7 +18,7 @@ import typer
 import typer.core
 import typer.main
 
-from pto_patch.cli.values import PlainValuesGroup
+from pto_patch.cli.values import PlainValuesGroup, listing_help
 
 
 def _command_name(info: Any) -> str:
@@ -93,7 +93,7 @@ class LazyGroup(PlainValuesGroup):
 
     def get_command(self, ctx, cmd_name: str):
         if self._listing and cmd_name in self.commands:
-            return self.commands.listed(cmd_name)
+            return listing_help(self.commands.listed(cmd_name))
         return super().get_command(ctx, cmd_name)
 
 

@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's context inherits it
 )
 
 # Shared option types, declared once.

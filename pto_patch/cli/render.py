@@ -85,6 +85,10 @@ def _config_changes(changes) -> None:
 
 
 def _restore_text(result) -> None:
+    if result.not_patched:
+        out.print(f"{result.folder} is not patched; nothing to restore.")
+        _left_behind(result)
+        return
     if result.was_interrupted:
         err.print("the folder held an interrupted apply; it was rolled back")
     out.print(
@@ -102,6 +106,16 @@ def _restore_text(result) -> None:
             else "removed what apply made in the overlay"
         )
         out.print(f"  {gone}; its source {result.overlay_of} was not touched")
+    _left_behind(result)
+
+
+def _left_behind(result) -> None:
+    """Kept edits, and what neither the checkpoint nor the patch put in the folder (restore leaves both)."""
+    earlier = [path for path in result.kept_edits if path not in getattr(result, "kept_edited", ())]
+    if earlier:
+        out.print("  kept edits from before: " + ", ".join(earlier))
+    if result.unexpected:
+        out.print("  not the checkpoint's nor the patch's, left as they are: " + ", ".join(result.unexpected))
 
 
 def _status_text(result) -> None:
@@ -111,7 +125,8 @@ def _status_text(result) -> None:
     if result.state == "in_progress":
         table.add_row("state", "[red]interrupted apply[/] (run pto-patch restore)")
     else:
-        table.add_row("state", "patched" if result.patched else "not patched")
+        # the JSON's words: state "complete" (patched), or none
+        table.add_row("state", f"patched ({result.state})" if result.patched else "not patched")
     if result.patched:
         table.add_row("ops", ", ".join(result.ops))
         found = ", ".join(f"{op}: {', '.join(targets)}" for op, targets in sorted(result.ops_found.items()))
@@ -130,6 +145,9 @@ def _status_text(result) -> None:
         )
     if result.tuning:
         _tuning_rows(table, result.tuning)
+    table.add_row("kept edits", escape(", ".join(result.kept_edits)) or "none")
+    if result.unexpected:
+        table.add_row("not the checkpoint's", escape(", ".join(result.unexpected)) + " (nor the patch's)")
     if result.download:
         table.add_row("downloaded", f"{result.download.get('repo_id')} @ {result.download.get('commit')}")
     out.print(table)
@@ -229,14 +247,32 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _pct(new: float | None, old: float | None) -> str:
+def _pct(new: float | None, old: float | None, digits: int = 3) -> str:
     if new is None or not old:
         return "-"
+    if _fmt(new, digits) == _fmt(old, digits):
+        return "same as shown"  # a percentage between two equal-looking figures is noise of rounding
     return f"{(new - old) / old * 100:+.1f} %"
 
 
-def _times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def _times(value: float | None, new: float | None = None, old: float | None = None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if new is not None and old is not None and _fmt(new, digits) == _fmt(old, digits):
+        return "same as shown"
+    return f"{value:.2f}x"
+
+
+def _speed_line(label: str, estimate, ops=None) -> None:
+    """The per-round speed ratio with its noise band, or why the runs say nothing yet; and, where a
+    switched-on op never ran, that the ratio is no gain of its."""
+    from pto_patch.run.noise import describe
+
+    silent = [
+        op for op, entry in (ops or {}).items() if entry.switched_on and not entry.calls and not entry.inside
+    ]
+    note = f" (no gain of {', '.join(silent)}: switched on, never ran)" if silent else ""
+    out.print(f"  {label}: PTO speed / baseline, per timed round: {describe(estimate)}{note}", markup=False)
 
 
 # (label, ModeMetrics attribute, digits): the rows verify's and bench's timing tables share.
@@ -262,7 +298,9 @@ def _verdict(report) -> None:
     _messages(report.failures, report.warnings)
     if report.report_file:
         out.print(f"  report written to {report.report_file}")
-    if report.passed:
+    if report.passed and not getattr(report, "compared", True):
+        out.print("[bold yellow]BASELINE ONLY[/]: nothing was compared, so nothing is verified", markup=True)
+    elif report.passed:
         out.print("[bold green]PASSED[/]", markup=True)
     else:
         out.print(f"[bold red]FAILED[/] ({len(report.failures)} check(s)); exit code 3", markup=True)
@@ -403,9 +441,14 @@ def _timing_table(report) -> None:
         cells = [label, _fmt(getattr(base, key), digits)]
         if pto is not None:
             ratio = ratios.get(key, ratio_of(getattr(pto, key), getattr(base, key)))
-            cells += [_fmt(getattr(pto, key), digits), _times(ratio)]
+            cells += [
+                _fmt(getattr(pto, key), digits),
+                _times(ratio, getattr(pto, key), getattr(base, key), digits),
+            ]
         table.add_row(*cells)
     out.print(table)
+    if pto is not None:
+        _speed_line("speed", report.speed(), report.ops)
     out.print(f"  peak memory: {report.peak_memory_source}")
 
 
@@ -460,7 +503,7 @@ def _bench_text(result) -> None:
                 label,
                 _fmt(base, digits),
                 _fmt(pto, digits),
-                _pct(pto, base),
+                _pct(pto, base, digits),
                 end_section=index == len(rows) - 1,
             )
     out.print(table)
@@ -473,6 +516,8 @@ def _bench_text(result) -> None:
         out.print(f"  hub kernels: {result.load_info.hub_kernels}", markup=False, highlight=False)
     _compilation(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
+    for run in result.runs:
+        _speed_line(f"batch {run.batch}", run.speed(), run.pto.ops)
     for run in result.runs:
         out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")
         for row in run.dynamic_config or ():

@@ -68,8 +68,17 @@ def use_plain_values(command: Any, ctx: Any) -> None:
             )
 
 
+def listing_help(command: Any) -> Any:
+    """`command` with its help's whole first paragraph as the line `--help` lists it by (click cuts a
+    description at 45 characters or so, mid-sentence, unless a command has a short help of its own)."""
+    if command is not None and not command.short_help and command.help:
+        command.short_help = " ".join(command.help.split("\n\n")[0].split())
+    return command
+
+
 class PlainValuesGroup(typer.core.TyperGroup):
-    """A command group that, with its commands, coerces str, bool and Path options without pydantic."""
+    """A command group that, with its commands, coerces str, bool and Path options without pydantic,
+    and lists each command by its whole first sentence."""
 
     def parse_args(self, ctx, args):
         use_plain_values(self, ctx)
@@ -79,4 +88,4 @@ class PlainValuesGroup(typer.core.TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             use_plain_values(command, ctx)
-        return command
+        return listing_help(command)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -471,6 +472,10 @@ def _write_weights(
     save_file(shard, str(folder / names[shard_index]), metadata={"format": "pt"})
     index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
     _write_json(folder / "model.safetensors.index.json", index)
+    # safetensors writes its files 0600; a checkpoint is as readable as the folder's other files
+    readable = (folder / "model.safetensors.index.json").stat().st_mode & 0o777
+    for name in names:
+        os.chmod(folder / name, readable)
     return [*names, "model.safetensors.index.json"], parameters
 
 

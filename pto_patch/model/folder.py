@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import ModelFolderError
+from pto_patch.model import hub_cache
 from pto_patch.model.spec import ModelSpec
 
 DOWNLOAD_RECORD = ".pto_patch_download.json"  # what `download` recorded of the snapshot
@@ -30,6 +31,11 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
     else:
         folder, origin = Path.cwd(), "the current folder"
     folder = folder.expanduser()
+    if folder.is_file() or (folder.is_symlink() and folder.name == "config.json"):
+        raise ModelFolderError(
+            f"{folder} (from {origin}) is a file; the model path is the folder that holds config.json",
+            f"pass its folder: --model-path {folder.parent}",
+        )
     if not folder.is_dir():
         raise ModelFolderError(
             f"model folder {folder} (from {origin}) does not exist",
@@ -44,6 +50,17 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
     if config.exists() and not config.is_file():
         raise ModelFolderError(
             f"{config} is not a file", "point --model-path at a model folder whose config.json is a file"
+        )
+    if not config.is_file() and hub_cache.is_cache_repo(folder):
+        snapshots = hub_cache.snapshots_of(folder)
+        if not snapshots:
+            raise ModelFolderError(
+                f"{folder} (from {origin}) is a Hugging Face cache repo folder, not a model folder",
+                "it holds no snapshot yet: download the model first (`pto-patch download`)",
+            )
+        raise ModelFolderError(
+            f"{folder} (from {origin}) is a Hugging Face cache repo folder, not a model folder",
+            f"pass one of its snapshots: --model-path {snapshots[0]}",
         )
     if not config.is_file():
         raise ModelFolderError(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import SpecError
+from pto_patch.errors import EXIT_USAGE, SpecError
 from pto_patch.resources import templates_dir
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops in one launch).
@@ -193,21 +193,52 @@ def _looks_like_path(name: str) -> bool:
     return name.endswith(".json") or "/" in name or "\\" in name
 
 
+def _spec_for_hub_id(name: str) -> Path | None:
+    """The built-in spec whose hub repo is `name` (`rootsautomation/GutenOCR-3B`), case aside."""
+    for path in sorted(specs_dir().glob("*.json")):
+        try:
+            repo_id = json.loads(path.read_text(encoding="utf-8")).get("hub_repo_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(repo_id, str) and repo_id.lower() == name.lower():
+            return path
+    return None
+
+
 def spec_path(name: str) -> Path:
-    """The spec file `--model` names: a built-in spec's name, or the path of a spec file."""
+    """The spec file `--model` names: a built-in spec's name or hub repo id, or the path of a spec file."""
+    known = ", ".join(known_specs()) or "(none)"
     if _looks_like_path(name):
         path = Path(name).expanduser()
-        if not path.is_file():
+        if path.is_file():
+            return path.resolve()
+        by_hub_id = None if path.exists() or name.endswith(".json") else _spec_for_hub_id(name)
+        if by_hub_id is not None:
+            return by_hub_id
+        if path.is_dir():
             raise SpecError(
-                f"model spec file {path} does not exist",
-                "pass a built-in model name (see `pto-patch models`) or the path of a spec .json file",
+                f"--model {name} is a folder; --model names a model spec (one of: {known})",
+                f"pass the model folder as --model-path {name}",
+                exit_code=EXIT_USAGE,
             )
-        return path.resolve()
-    path = specs_dir() / f"{name}.json"
-    if not path.is_file():
-        known = ", ".join(known_specs()) or "(none)"
         raise SpecError(
-            f"unknown model '{name}'", f"known models: {known}; or pass the path of a spec .json file"
+            f"model spec file {path} does not exist",
+            f"pass a built-in model name ({known}), its hub id, or the path of a spec .json file; "
+            "the model folder goes to --model-path",
+            exit_code=EXIT_USAGE,
+        )
+    path = specs_dir() / f"{name}.json"
+    if not path.is_file() and Path(name).expanduser().is_dir():
+        raise SpecError(
+            f"--model {name} is a folder; --model names a model spec (one of: {known})",
+            f"pass the model folder as --model-path {name}",
+            exit_code=EXIT_USAGE,
+        )
+    if not path.is_file():
+        raise SpecError(
+            f"unknown model '{name}'",
+            f"known models: {known}; or pass the path of a spec .json file",
+            exit_code=EXIT_USAGE,
         )
     return path
 
@@ -250,11 +281,13 @@ def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:
         raise SpecError(
             "--ops names no op",
             f"choose from: {', '.join(op for op in OPS if op in spec.injections)} (or leave --ops out for all)",
+            exit_code=EXIT_USAGE,
         )
     unknown = [op for op in wanted if op not in spec.injections]
     if unknown:
         raise SpecError(
             f"unknown op(s) {', '.join(unknown)} for model '{spec.name}'",
             f"choose from: {', '.join(op for op in OPS if op in spec.injections)}",
+            exit_code=EXIT_USAGE,
         )
     return tuple(op for op in OPS if op in wanted)

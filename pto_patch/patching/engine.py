@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.model.folder import resolve_model_folder
+from pto_patch.model.hub_cache import is_snapshot
 from pto_patch.model.spec import ModelSpec, load_spec, parse_ops
 from pto_patch.patching import folder_lock, undo
 from pto_patch.patching import overlay as overlays
@@ -27,6 +28,7 @@ from pto_patch.patching.fileio import (
     make_dirs,
     sha256_bytes,
 )
+from pto_patch.patching.folder_contents import kept_copy_path
 from pto_patch.patching.folder_kernels import KERNEL_PACKAGE  # noqa: F401 - the engine's API
 from pto_patch.patching.folder_status import StatusResult, model_status  # noqa: F401 - the engine's API
 from pto_patch.patching.manifest import (
@@ -112,6 +114,11 @@ def apply_patch(
     cache = rewrite_cache(use_cache, warn)
     if overlay is not None:
         return overlays.apply_overlay(spec, folder, overlay, chosen, dry_run, started, cache)
+    if is_snapshot(folder) and warn is not None:
+        warn(
+            f"{folder} is a Hugging Face cache snapshot: an in-place apply changes files other snapshots "
+            f"and users may share; `pto-patch apply --model-path {folder} --overlay DIR` leaves it untouched"
+        )
     with folder_lock.locked(folder, folder_lock.SHARED if dry_run else folder_lock.EXCLUSIVE):
         return _apply_locked(spec, folder, chosen, dry_run, started, cache)
 
@@ -138,10 +145,10 @@ def _apply_locked(
             if drifted:  # edited since, or a restore that stopped halfway: not "already patched"
                 raise DriftError(
                     f"{folder} is patched, but {', '.join(drifted)} changed since apply",
-                    "run `pto-patch restore` (with --force the edits are kept beside as *.edited), "
-                    "then apply again",
+                    f"run `pto-patch restore --model-path {folder} --force` (it keeps your edit as "
+                    f"{kept_copy_path(folder / drifted[0]).name}), then apply again",
                 )
-            return ApplyResult.already_applied_from(folder, manifest, started)
+            return replace(ApplyResult.already_applied_from(folder, manifest, started), dry_run=dry_run)
         if dry_run:
             raise ModelFolderError(
                 f"{folder} holds an interrupted apply", "run `pto-patch restore` (or apply without --dry-run)"

@@ -12,6 +12,7 @@ from pathlib import Path
 from pto_patch.model.folder import read_download_record, resolve_model_folder
 from pto_patch.model.locate import installed_transformers_release
 from pto_patch.model.spec import load_spec
+from pto_patch.patching.folder_contents import kept_copies, unexpected_entries
 from pto_patch.patching.manifest import STATE_IN_PROGRESS
 from pto_patch.patching.overlay_record import record_of
 from pto_patch.patching.patch_state import patch_state
@@ -34,6 +35,8 @@ class StatusResult:
     download: dict | None = None
     overlay: dict | None = None  # apply --overlay: the source folder and what changed there since
     tuning: dict | None = None  # after `pto-patch tune`: tuning_file.tuning_status
+    kept_edits: tuple[str, ...] = ()  # what `restore --force` kept of edited files (*.edited, *.edited.2)
+    unexpected: tuple[str, ...] = ()  # put there by neither the checkpoint nor the patch
 
     @property
     def needs_reapply(self) -> bool:
@@ -51,7 +54,14 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
     if state.manifest is None:
         shown = STATE_IN_PROGRESS if state.interrupted else None
         return StatusResult(
-            folder, spec.name, patched=False, state=shown, release_now=release_now, download=download
+            folder,
+            spec.name,
+            patched=False,
+            state=shown,
+            release_now=release_now,
+            download=download,
+            kept_edits=tuple(kept_copies(folder)),
+            unexpected=tuple(unexpected_entries(folder)),
         )
     manifest = state.manifest
     modeling = folder / spec.modeling_file
@@ -71,6 +81,8 @@ def model_status(model: str = "gutenocr_3b", model_path: Path | str | None = Non
         download=download,
         overlay=_overlay_status(folder, manifest),
         tuning=tuning_status(folder, manifest, state.drifted) if state.patched else None,
+        kept_edits=tuple(kept_copies(folder)),
+        unexpected=tuple(unexpected_entries(folder, manifest)),
     )
 
 

@@ -41,6 +41,9 @@ class PlannedFile:
     old_bytes: bytes | None  # None: apply adds the file
     symlink_target: str | None = None
     mode: int | None = None
+    # an added file rewritten from a source outside the folder (transformers'): its path and bytes, which
+    # a dry run's diff starts from
+    rewrites: tuple[str, bytes] | None = None
 
     @property
     def action(self) -> str:
@@ -121,6 +124,11 @@ def _planned(folder: Path, relative: str, new_bytes: bytes) -> PlannedFile:
     return PlannedFile(relative, new_bytes, old, target, mode if target is None else None)
 
 
+def _from_source(item: PlannedFile, source: Path) -> PlannedFile:
+    """An added file, with the source it rewrites (where that is not the folder's own file)."""
+    return item if item.old_bytes is not None else replace(item, rewrites=(str(source), source.read_bytes()))
+
+
 def _kernel_package_files() -> list[tuple[str, bytes]]:
     root = kernel_package_dir()
     files = []
@@ -169,8 +177,10 @@ def plan_patch(
     new_config = render_config(new_data, config.raw_bytes)
 
     planned = [
-        _planned(folder, spec.modeling_file, modeling.encode("utf-8")),
-        _planned(folder, spec.configuration_file, configuration.encode("utf-8")),
+        _from_source(_planned(folder, spec.modeling_file, modeling.encode("utf-8")), sources.modeling),
+        _from_source(
+            _planned(folder, spec.configuration_file, configuration.encode("utf-8")), sources.configuration
+        ),
         _planned(folder, "config.json", new_config),
     ]
     planned += [_planned(folder, relative, data) for relative, data in _kernel_package_files()]
@@ -220,9 +230,13 @@ def unified_diff(planned: list[PlannedFile]) -> str:
     for item in planned:
         if item in kernel_files:
             continue
-        old = (item.old_bytes or b"").decode("utf-8").splitlines(keepends=True)
+        base = item.old_bytes if item.old_bytes is not None else (item.rewrites or ("", b""))[1]
+        old = base.decode("utf-8").splitlines(keepends=True)
         new = item.new_bytes.decode("utf-8").splitlines(keepends=True)
-        before = f"a/{item.path}" if item.old_bytes is not None else "/dev/null"
+        if item.old_bytes is not None:
+            before = f"a/{item.path}"
+        else:  # added: the diff of the rewrite, from the source it rewrites
+            before = item.rewrites[0] if item.rewrites else "/dev/null"
         chunks.extend(difflib.unified_diff(old, new, before, f"b/{item.path}"))
     if kernel_files:
         chunks.append(

@@ -10,12 +10,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.errors import DriftError, ModelFolderError
+from pto_patch.errors import DriftError
 from pto_patch.model.folder import check_writable, resolve_model_folder
 from pto_patch.model.spec import load_spec
 from pto_patch.patching import folder_lock, undo
 from pto_patch.patching import overlay as overlays
-from pto_patch.patching.manifest import MANIFEST_DIR
+from pto_patch.patching.folder_contents import kept_copies, unexpected_entries
 from pto_patch.patching.patch_state import NONE, patch_state
 
 
@@ -30,6 +30,9 @@ class RestoreResult:
     overlay_of: Path | None = None  # the overlay's source folder, left untouched
     removed_folder: bool = False  # the overlay folder itself, which apply had created
     elapsed_s: float = 0.0
+    not_patched: bool = False  # nothing to restore: the folder holds no patch (exit 0, a no-op)
+    kept_edits: tuple[str, ...] = ()  # every kept edit in the folder after the restore, earlier ones too
+    unexpected: tuple[str, ...] = ()  # left as they were: put there by neither the checkpoint nor the patch
 
 
 def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = None, force: bool = False):
@@ -42,8 +45,16 @@ def restore_model(model: str = "gutenocr_3b", model_path: Path | str | None = No
 
 def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     state = patch_state(folder)
-    if state.state == NONE:
-        raise ModelFolderError(f"{folder} is not patched (no {MANIFEST_DIR}/ folder)", "nothing to restore")
+    if state.state == NONE:  # a no-op, as apply of a patched folder is: `trap 'pto-patch restore' EXIT` works
+        return RestoreResult(
+            folder,
+            (),
+            (),
+            not_patched=True,
+            kept_edits=tuple(kept_copies(folder)),
+            unexpected=tuple(unexpected_entries(folder)),
+            elapsed_s=time.perf_counter() - started,
+        )
     check_writable(folder, "restore")
     if state.manifest is None:
         try:
@@ -82,4 +93,12 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
         overlay_of=Path(overlay_record.source) if overlay_record else None,
         removed_folder=overlays.remove_created_folder(folder, overlay_record),
         elapsed_s=time.perf_counter() - started,
+        **_left_in(folder),
     )
+
+
+def _left_in(folder: Path) -> dict[str, tuple[str, ...]]:
+    """What the folder holds after a restore besides the checkpoint (a removed overlay holds nothing)."""
+    if not folder.is_dir():
+        return {}
+    return {"kept_edits": tuple(kept_copies(folder)), "unexpected": tuple(unexpected_entries(folder))}

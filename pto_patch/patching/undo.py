@@ -23,6 +23,7 @@ from pto_patch.patching.fileio import (
     sha256_file,
     stray_temporaries,
 )
+from pto_patch.patching.folder_contents import kept_copy_path
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, FileRecord, Manifest
 from pto_patch.patching.overlay_record import record_of
 from pto_patch.patching.patch_state import patch_state
@@ -67,7 +68,7 @@ def keep_edited_copies(folder: Path, drifted: list[str]) -> list[str]:
     for relative in drifted:
         path = folder / relative
         if path.is_file():
-            edited = path.with_name(path.name + ".edited")
+            edited = kept_copy_path(path)  # never over an earlier kept copy
             atomic_write_bytes(edited, path.read_bytes(), mode=file_mode(path))
             kept.append(edited.relative_to(folder).as_posix())
     return kept

@@ -3,7 +3,7 @@
 For each batch size it measures both modes on one loaded model: warm-up, then timed runs of
 `--output_length` new tokens, the two modes alternating so that a shared machine's load hits both
 alike. It writes `bench_baseline.json` and `bench_pypto.json` with the verify report's per-mode
-keys, and relates the decode step to a memory-bandwidth floor: the weight bytes a decode step must
+keys (into a folder of its own: `run.report_folder`), and relates the decode step to a memory-bandwidth floor: the weight bytes a decode step must
 read, over a copy bandwidth measured in the same run.
 """
 
@@ -23,7 +23,8 @@ from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import BatchRun, BenchResult, ModeRun, write_report
-from pto_patch.run.start import start_run
+from pto_patch.run.report_folder import run_reports_place
+from pto_patch.run.start import run_folder, start_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -35,7 +36,7 @@ COPY_REPEATS = 5
 class BenchOptions(RunOptions):
     output_length: int = 100
     batches: str = "1,4,8"
-    output_dir: Path = Path(".")
+    output_dir: Path | None = None  # None: a new folder under the user's pto-patch reports
 
 
 # --- the bandwidth floor --------------------------------------------------------------------------
@@ -83,6 +84,9 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
+    place = run_reports_place(
+        "bench", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+    )
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
@@ -164,8 +168,9 @@ def run_bench(options: BenchOptions) -> BenchResult:
         compile=compiled.description if compiled else None,
         compilation=compilation,
     )
+    directory = place.make()
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
-        path = Path(options.output_dir) / name
+        path = directory / name
         write_report(result.mode_document(mode), path)
         result.files.append(str(path))
     return result

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.errors import ModelFolderError, PtoPatchError
+from pto_patch.patching.folder_contents import kept_copy_path
 from pto_patch.patching.patch_state import patch_state
 
 
@@ -32,8 +33,9 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
     if not state.patched:
         if use_pto:
             raise ModelFolderError(
-                f"{folder} is not patched (no .pto_patch/manifest.json): --use_pto has nothing to switch on",
-                f"run `pto-patch apply --model-path {folder}` first, or drop --use_pto for a baseline run",
+                f"{folder} is not patched (no .pto_patch/manifest.json): there is no PTO run to compare",
+                f"run `pto-patch apply --model-path {folder}` first "
+                "(`pto-patch verify --baseline-only` runs the unpatched model alone)",
             )
         return FolderState(folder, False, (), ())
     drifted = state.drifted
@@ -42,7 +44,8 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
         raise PtoPatchError(
             f"{folder}: {len(drifted)} patched file(s) differ from what apply wrote ({shown}); "
             "refusing to execute them",
-            "run `pto-patch restore` then `pto-patch apply` again, or pass --allow-modified to run them",
+            f"to start over, `pto-patch restore --model-path {folder} --force` keeps your edit as "
+            f"{kept_copy_path(folder / drifted[0]).name}; then apply again. Or pass --allow-modified to run them",
         )
     source_changed = tuple(source_changes(folder, state.manifest))
     if source_changed and not allow_modified:

@@ -51,22 +51,29 @@ def dynamic_choice(batch: int, available: tuple[str, ...]) -> list[dict[str, Any
     return rows
 
 
-def tuned_choice(tuning, batch: int, available: tuple[str, ...]) -> list[dict[str, Any]]:
+def tuned_choice(
+    tuning, batch: int, available: tuple[str, ...], patched: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """A tuning's choice for `batch` (from `pto-patch tune`), as the same rows as the reference table's,
-    each switched-on row with the backend tune measured it on."""
+    each switched-on row with the backend tune measured it on. `available`: what this run may switch on;
+    `patched`: what the folder was patched with."""
     choice = tuning.for_batch(batch)
     tuned_at = f"tuned at batch {choice.batch}" if choice.batch != batch else "tuned"
+    tuned = tuning.header.get("ops_tuned")  # absent from tunings written before it was recorded
     rows = []
     for op in OPS:
         backend = choice.ops.get(op)
-        if backend is None:
-            why = (
-                (choice.decided or "not measured faster")
-                if op in available
-                else "not patched into this folder"
-            )
+        where = (
+            "not patched into this folder"
+            if op not in patched
+            else "patched in, but not among this run's ops (--ops)"
+        )
+        if backend is None and op in available and tuned is not None and op not in tuned:
+            why = "patched in, but not tuned (tune measured " + (", ".join(tuned) or "nothing") + ")"
+        elif backend is None:
+            why = (choice.decided or "not measured faster") if op in available else where
         elif op not in available:
-            why = f"measured faster on {backend}, but not patched into this folder (or left out by --ops)"
+            why = f"measured faster on {backend}, but {where}"
         else:
             why = f"measured faster on {backend}"
         row = {
@@ -90,13 +97,18 @@ def choose_ops(
 ) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
     """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch,
     by `tuning` (the folder's, where it applies here) or else by the reference table."""
-    if options_ops is not None:
+    if options_ops is not None and options_ops.strip() == "all" and state.patched_ops:
+        ops = tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
+    elif options_ops is not None:
         ops = parse_ops(options_ops, spec)
     else:
         ops = default_run_ops(state.patched_ops or parse_ops(None, spec))
     if not use_dynamic_config:
         return ops, None
-    table = tuned_choice(tuning, batch, ops) if tuning is not None else dynamic_choice(batch, ops)
+    if tuning is not None:
+        table = tuned_choice(tuning, batch, ops, tuple(state.patched_ops))
+    else:
+        table = dynamic_choice(batch, ops)
     return tuple(op for op in OPS if any(row["op"] == op and row["enabled"] for row in table)), table
 
 

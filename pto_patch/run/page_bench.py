@@ -33,7 +33,8 @@ from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, 
 from pto_patch.run.options import parse_batches
 from pto_patch.run.page_plot import write_time_plot
 from pto_patch.run.report import write_report
-from pto_patch.run.start import start_run
+from pto_patch.run.report_folder import run_reports_place
+from pto_patch.run.start import run_folder, start_run
 
 PAGE_BENCH_FILE = "bench_ocr_pages.json"
 TASK = TASKS[0]  # TEXT: read the whole page, the task a page is OCR'd with
@@ -123,6 +124,9 @@ def _page_run(page, batch, mode, runs: list[_Timed], image_tokens, prompt_tokens
 def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     batches = parse_batches(options.batches)
     pages = load_pages(ocr.pages)
+    place = run_reports_place(
+        "bench-ocr", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+    )
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     compiled = apply_compile(loaded.model, options, warnings)
@@ -220,7 +224,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     if ocr.plot is not None:
         write_time_plot(result.runs, Path(ocr.plot))
         result.plot = str(ocr.plot)
-    path = Path(options.output_dir) / PAGE_BENCH_FILE
+    path = place.make() / PAGE_BENCH_FILE
     write_report(result.to_json(), path)
     result.files.append(str(path))
     return result

@@ -16,6 +16,7 @@ from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
 
 if TYPE_CHECKING:
     from pto_patch.run.compiling import Compilation
+    from pto_patch.run.noise import Band
 
 SCHEMA_VERSION = 1
 DEMO_TIMING_NOTE = (
@@ -221,6 +222,12 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_OK if self.passed else EXIT_VERIFY_FAILED
 
+    @property
+    def stated_verdict(self) -> bool | None:
+        """`passed` as the JSON states it: None (no verdict) for a run that compared nothing and failed
+        nothing (verify --baseline-only)."""
+        return self.passed if getattr(self, "compared", True) or not self.passed else None
+
 
 # --- verify ---------------------------------------------------------------------------------------
 
@@ -256,6 +263,19 @@ class VerifyReport(Verdict):
     report_file: str | None = None
     other_patchers: list[OtherPatcher] = field(default_factory=list)
 
+    @property
+    def compared(self) -> bool:
+        """Whether a PTO run was compared with the baseline (a --baseline-only run compares nothing)."""
+        return self.pto is not None
+
+    def speed(self) -> Band | None:
+        """PTO's speed over the baseline's per timed round, with its noise band (None: nothing compared)."""
+        from pto_patch.run.noise import speed_band  # the quick commands' JSON imports this module
+
+        if self.pto is None:
+            return None
+        return speed_band(self.baseline.latencies_s, self.pto.latencies_s)
+
     def ratios(self) -> dict[str, float | None]:
         if self.pto is None:
             return {}
@@ -274,7 +294,8 @@ class VerifyReport(Verdict):
         return {
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
-            "passed": self.passed,
+            "passed": self.stated_verdict,
+            "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "model_path": self.model_path,
@@ -287,6 +308,7 @@ class VerifyReport(Verdict):
             "baseline": self.baseline.to_json(),
             "pto": pto,
             "ratios": {key: (None if v is None else round(v, 4)) for key, v in self.ratios().items()},
+            "speed": None if self.pto is None else self.speed().to_json(),
             "accuracy": None if self.accuracy is None else self.accuracy.to_json(),
             "patched_ops": list(self.patched_ops),
             "switched_on": list(self.switched_on),
@@ -336,6 +358,12 @@ class BatchRun:
     pto: ModeRun
     switched_on: tuple[str, ...]
     dynamic_config: list[dict[str, Any]] | None
+
+    def speed(self) -> Band:
+        """PTO's speed over the baseline's per timed round, with its noise band."""
+        from pto_patch.run.noise import speed_band  # the quick commands' JSON imports this module
+
+        return speed_band(self.baseline.metrics.latencies_s, self.pto.metrics.latencies_s)
 
 
 @dataclass
@@ -414,6 +442,7 @@ class BenchResult(Verdict):
                     "baseline": base,
                     "pto": pto,
                     "pto_vs_baseline_pct": diff,
+                    "speed": run.speed().to_json(),
                     "switched_on": list(run.switched_on),
                     "dynamic_config": run.dynamic_config,
                 }

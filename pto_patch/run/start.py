@@ -14,6 +14,7 @@ from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_options
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
+from pto_patch.run.preflight import check_ops_patched
 
 
 @dataclass
@@ -25,6 +26,15 @@ class StartedRun:
     warnings: list[str] = field(default_factory=list)
 
 
+def run_folder(options: RunOptions, *, batch: int) -> Path:
+    """The model folder a run's options name, before anything loads: usage errors first, as in start_run."""
+    from pto_patch.model.folder import resolve_model_folder
+
+    spec = load_spec(options.model)
+    check_options(options, spec, batch)
+    return resolve_model_folder(options.model_path, spec)
+
+
 def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     """Usage errors first, then the folder and --image, then one load (`loading.load_model`, looked up
     at call time so a test can wrap it)."""
@@ -33,6 +43,8 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
     spec = load_spec(options.model)
     check_options(options, spec, batch)
     folder = resolve_model_folder(options.model_path, spec)
+    if use_pto:
+        check_ops_patched(options.ops, spec, folder)
     if options.image is not None:
         check_image(Path(options.image))
     device = resolve_device(options.device)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.patching.folder_kernels import module_dir
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
 from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
@@ -29,20 +30,35 @@ from pto_patch.run.start import start_run
 @dataclass(frozen=True)
 class VerifyOptions(RunOptions):
     batch: int = 1
-    use_pto: bool = False
+    use_pto: bool = False  # the reference's flag; a patched folder is compared without it too
+    baseline_only: bool = False
     atol: float | None = None
     rtol: float | None = None
     strict: bool = False
     report_file: Path | None = None
 
 
+def compares(options: VerifyOptions) -> bool:
+    """Whether the run compares PTO with the baseline: always, unless --baseline-only (a usage error
+    together with --use_pto)."""
+    if options.baseline_only and options.use_pto:
+        raise PtoPatchError(
+            "--baseline-only and --use_pto ask for opposite runs",
+            "drop one: verify compares baseline and PTO by default; --baseline-only runs the baseline alone",
+            exit_code=EXIT_USAGE,
+        )
+    return not options.baseline_only
+
+
 def verify_model(options: VerifyOptions) -> VerifyReport:
-    """Baseline, then PTO on the same inputs (with --use_pto), then both timed; every check in the report."""
-    started = start_run(options, batch=options.batch, use_pto=options.use_pto)
+    """Baseline, then PTO on the same inputs (unless --baseline-only), then both timed; every check in
+    the report."""
+    use_pto = compares(options)
+    started = start_run(options, batch=options.batch, use_pto=use_pto)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
     atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
-    if not options.use_pto:
+    if not use_pto:
         ignored = [
             flag
             for flag, used in (
@@ -54,14 +70,16 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
             if used
         ]
         if ignored:
-            warnings.append(f"{', '.join(ignored)} only matter with --use_pto; ran the baseline only")
+            warnings.append(
+                f"{', '.join(ignored)} only matter without --baseline-only; ran the baseline only"
+            )
     compiled = apply_compile(loaded.model, options, warnings)
     inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(inputs, options.batch, device)
 
     switched_on: tuple[str, ...] = ()
     table = lookup = None
-    if options.use_pto:
+    if use_pto:
         if options.use_dynamic_config:
             lookup = lookup_for_run(loaded, warnings, compiled)
         switched_on, table = choose_ops(
@@ -77,7 +95,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     # The accuracy runs: switches off, then on, on the same inputs; then the timed runs of both modes.
     kernels = loaded.kernels
     switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
-    if options.use_pto:
+    if use_pto:
         switches["pto"] = lambda: set_switches(kernels, switched_on, kernel_backend)
     watch = CompileWatch(compiled) if compiled is not None else None
     if watch is not None:
@@ -92,7 +110,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
             failures.append(f"kernels ran with every switch off: {stray}")
     pto_run, stats = None, {}
     try:
-        if options.use_pto:
+        if use_pto:
             switches["pto"]()
             pto_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
         timed = measure_modes(
@@ -123,7 +141,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         warnings=warnings,
         patched_ops=list(loaded.state.patched_ops),
         switched_on=list(switched_on),
-        kernel_backend=describe_backend(kernel_backend) if options.use_pto else None,
+        kernel_backend=describe_backend(kernel_backend) if use_pto else None,
         dynamic_config=table,
         dynamic_config_source=lookup.to_json() if lookup else None,
         pto_kernels_path=str(module_dir(loaded.kernels)) if loaded.kernels is not None else None,
@@ -136,7 +154,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         other_patchers=list(loaded.other_patchers),
     )
 
-    if options.use_pto:
+    if use_pto:
         report.pto = timed["pto"]
         report.ops = op_reports(stats, switched_on, loaded.text_layers)
         more_failures, more_warnings = op_failures(report.ops, options.strict)

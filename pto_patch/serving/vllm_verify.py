@@ -79,7 +79,15 @@ class VllmVerifyOptions:
                 exit_code=EXIT_USAGE,
             )
         names = {f.name for f in fields(cls)}
-        return cls(**{name: value for name, value in parameters.items() if name in names})
+        chosen = {name: value for name, value in parameters.items() if name in names}
+        if parameters.get("baseline_only") and parameters.get("use_pto"):
+            raise PtoPatchError(
+                "--baseline-only and --use_pto ask for opposite runs",
+                "drop one: verify compares baseline and PTO by default; --baseline-only runs the baseline alone",
+                exit_code=EXIT_USAGE,
+            )
+        chosen["use_pto"] = not parameters.get("baseline_only", False)  # verify compares by default
+        return cls(**chosen)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Path) else v) for f in fields(self)}
@@ -105,6 +113,11 @@ class VllmVerifyReport(Verdict):
     options: dict[str, Any] = field(default_factory=dict)
     report_file: str | None = None
 
+    @property
+    def compared(self) -> bool:
+        """Whether a PTO run was compared with the baseline (a --baseline-only run compares nothing)."""
+        return self.pto is not None
+
     def to_json(self) -> dict[str, Any]:
         ratio = None
         if self.pto and self.pto.get("tokens_per_s") and self.baseline.get("tokens_per_s"):
@@ -113,7 +126,8 @@ class VllmVerifyReport(Verdict):
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
             "engine": "vllm",
-            "passed": self.passed,
+            "passed": self.stated_verdict,
+            "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "model_path": self.model_path,
@@ -357,7 +371,7 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
     if pto_run is not None:
         _judge_pto(report, pto_run, ops, options)
     elif ops == () and not options.use_pto:
-        report.warnings.append("no --use_pto: ran vLLM's baseline only")
+        report.warnings.append("--baseline-only: ran vLLM's baseline only")
     return report
 
 

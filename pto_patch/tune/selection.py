@@ -21,16 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pto_patch.model.spec import BLOCKS
+from pto_patch.run.noise import Band, band  # noqa: F401 - the band verify and bench give too
 
 FASTER = "faster"
 SLOWER = "slower"
 WITHIN_NOISE = "within noise"
 UNDECIDED = "undecided"  # the time ran out before its band cleared 1
 NOT_MEASURED = "not measured"
-
-# Normal-approximation standard error of a median is 1.2533 sigma / sqrt(n); sigma from the MAD.
-_MEDIAN_SE = 1.2533
-_MAD_TO_SIGMA = 1.4826
 
 
 @dataclass(frozen=True, order=True)
@@ -61,32 +58,6 @@ class Candidate:
 
 
 BASELINE = Candidate()
-
-
-@dataclass(frozen=True)
-class Band:
-    """A gain estimate: the median per-round ratio (candidate / baseline tokens per second) and its
-    noise band [low, high]."""
-
-    ratio: float
-    low: float
-    high: float
-    rounds: int
-
-
-def band(ratios: Sequence[float], z: float = 2.0) -> Band:
-    """Median of the per-round ratios, +- z standard errors of a median (sigma estimated from the MAD).
-
-    With fewer than 3 ratios there is no spread to speak of: the band is infinitely wide.
-    """
-    if not ratios:
-        return Band(math.nan, -math.inf, math.inf, 0)
-    median = statistics.median(ratios)
-    if len(ratios) < 3:
-        return Band(median, -math.inf, math.inf, len(ratios))
-    mad = statistics.median(abs(r - median) for r in ratios)
-    half = z * _MEDIAN_SE * _MAD_TO_SIGMA * mad / math.sqrt(len(ratios))
-    return Band(median, median - half, median + half, len(ratios))
 
 
 @dataclass(frozen=True)
@@ -135,6 +106,15 @@ class Measured:
     verdict: str = NOT_MEASURED
     seconds: list[float] = field(default_factory=list)  # how long each measured run took
 
+    @property
+    def stated_verdict(self) -> str:
+        """The verdict as printed, agreeing with the band printed beside it: an undecided candidate whose
+        band clears 1 says which way, and that too few rounds (or the sign test) left it unconfirmed."""
+        b = self.band
+        if self.verdict != UNDECIDED or b is None or b.verdict not in (FASTER, SLOWER):
+            return self.verdict
+        return f"{UNDECIDED}: {b.verdict} by its band, not confirmed in {b.rounds} round(s)"
+
     def summary(self) -> dict[str, Any]:
         speeds = self.tokens_per_s
         median = statistics.median(speeds) if speeds else None
@@ -149,7 +129,7 @@ class Measured:
                 "min": _round(min(speeds)) if speeds else None,
                 "max": _round(max(speeds)) if speeds else None,
             },
-            "verdict": self.verdict,
+            "verdict": self.stated_verdict,
         }
         if not self.candidate.is_baseline:
             b = self.band

@@ -20,7 +20,7 @@ from pto_patch import __version__
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import load_spec
 from pto_patch.patching import folder_lock
-from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, write_tuning
+from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, tuning_path, write_tuning
 from pto_patch.run.compiling import apply_compile
 from pto_patch.run.generation import generate
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
@@ -303,6 +303,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         "pto_patch": __version__,
         "spec": spec.name,
         "ops_patched": list(loaded.state.patched_ops),
+        "ops_tuned": list(ops),  # what tune measured: a patched op outside it was not tuned
         "dtype": loaded.dtype_name,
         "compile": None if compiled is None else compiled.to_json(),
         "threads": _threads(),
@@ -323,6 +324,14 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         "header": header,
         "batches": result.batches,
     }
+    previous = tuning_path(loaded.folder)
+    if previous.exists() and all(entry["decided"] == DECIDED_OUT_OF_TIME for entry in result.batches):
+        # a run that decided nothing says nothing against an earlier tuning: keep that one
+        failures.append(
+            f"the budget ran out before any batch size was decided; kept the earlier tuning {previous} "
+            "(run tune with a larger --budget-s to replace it)"
+        )
+        return result
     result.tuning_file = str(write_tuning(loaded.folder, document))
     if not usable and not any(probe["note"] == NOT_PROBED for probe in result.probes):
         warnings.append("no op ran on any backend here without falling back; the tuning switches nothing on")

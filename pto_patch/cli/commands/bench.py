@@ -62,11 +62,14 @@ def bench(
     allow_modified: AllowModifiedOpt = False,
     hub_kernels: HubKernelsOpt = False,
     output_dir: Annotated[
-        Path,
+        Path | None,
         typer.Option(
-            "--output-dir", "--output_dir", help="Where bench_baseline.json and bench_pypto.json go."
+            "--output-dir",
+            "--output_dir",
+            help="Where bench_baseline.json and bench_pypto.json go. Default: a new folder under "
+            "~/.cache/pto-patch/reports/ (never the model folder).",
         ),
-    ] = Path("."),
+    ] = None,
     ocr: Annotated[
         bool,
         typer.Option("--ocr", help="Time pages: vision, prefill, first token, decode, pages per minute."),

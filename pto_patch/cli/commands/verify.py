@@ -51,7 +51,20 @@ def verify(
         ),
     ] = None,
     use_pto: Annotated[
-        bool, typer.Option("--use_pto", "--use-pto", help="Also run with the kernels on and compare.")
+        bool,
+        typer.Option(
+            "--use_pto",
+            "--use-pto",
+            help="Compare the kernels on with off (the default; the reference's flag).",
+        ),
+    ] = False,
+    baseline_only: Annotated[
+        bool,
+        typer.Option(
+            "--baseline-only",
+            "--baseline_only",
+            help="Run the kernels off only: compares nothing, no PASSED.",
+        ),
     ] = False,
     ops: OpsOpt = None,
     kernel_backend: KernelBackendOpt = None,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check a `pto-patch verify --json` report (or `--report-file`), one criterion per line.
+"""Check a `pto-patch verify --json` report (or `--report-file`), or bench's or demo's, one criterion a line.
 
     python check_report.py verify.json        # or: pto-patch verify ... --json | python check_report.py -
 
@@ -16,8 +16,28 @@ SUPPORTED_SCHEMA = 1
 EXIT_OK, EXIT_USAGE, EXIT_FAILED = 0, 2, 3
 
 
+def _ops_rows(check, ops: dict, prefix: str = "") -> None:
+    for op, entry in sorted(ops.items()):
+        calls, on = entry.get("calls", 0), entry.get("switched_on", False)
+        if on:
+            ran = calls > 0 or bool(entry.get("inside"))  # a block did its work: not a failure
+            detail = f"{calls} call(s), backend {entry.get('backend')}" + (
+                f", inside {entry['inside']}" if entry.get("inside") else ""
+            )
+            check(ran, f"{prefix}{op}: switched on and ran", detail)
+            fallbacks = entry.get("fallbacks", 0)
+            check(
+                fallbacks == 0,
+                f"{prefix}{op}: no fallback to torch",
+                entry.get("first_fallback_error") or f"{fallbacks} fallback(s)",
+                warn_only=True,
+            )
+        else:
+            check(calls == 0, f"{prefix}{op}: switched off and silent", f"{calls} call(s)")
+
+
 def criteria(report: dict) -> list[tuple[str, str, str]]:
-    """(status, criterion, detail) rows, status one of PASS, FAIL, WARN."""
+    """(status, criterion, detail) rows, status one of PASS, FAIL, WARN, for a verify, bench or demo report."""
     rows: list[tuple[str, str, str]] = []
 
     def check(ok: bool, name: str, detail: str = "", warn_only: bool = False) -> None:
@@ -25,8 +45,19 @@ def criteria(report: dict) -> list[tuple[str, str, str]]:
 
     version = report.get("schema_version")
     check(version == SUPPORTED_SCHEMA, "schema_version is 1", f"found {version!r}")
+    command = report.get("command", "verify")
+    if command == "demo":
+        check(
+            report.get("hashes_identical") is True,
+            "folder byte-identical after restore",
+            ", ".join(report.get("hash_differences") or []),
+        )
+        inner = report.get("verify")
+        check(inner is not None, "the demo's verify ran", "")
+        rows.extend((status, f"verify: {name}", detail) for status, name, detail in criteria(inner or {})[1:])
+        return rows
     failures = report.get("failures") or []
-    check(report.get("passed") is True and not failures, "verify passed", "; ".join(failures))
+    check(report.get("passed") is True and not failures, f"{command} passed", "; ".join(failures))
 
     load = report.get("load_info") or {}
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
@@ -34,21 +65,16 @@ def criteria(report: dict) -> list[tuple[str, str, str]]:
         check(not found, f"no {key.replace('_', ' ')}", ", ".join(found[:3]))
     check(load.get("lm_head_tied") is not False, "lm_head tied as the config says", "")
 
+    if command == "bench":  # both modes at every batch size; no accuracy run
+        runs = report.get("runs") or []
+        check(bool(runs), "bench measured at least one batch size", "")
+        for run in runs:
+            _ops_rows(check, ((run.get("pto") or {}).get("ops") or {}), f"batch {run.get('batch')}: ")
+        return rows
+
     pto = report.get("pto")
-    check(pto is not None, "the PTO run happened (--use_pto)", "" if pto else "baseline only")
-    for op, entry in sorted(((pto or {}).get("ops") or {}).items()):
-        calls, on = entry.get("calls", 0), entry.get("switched_on", False)
-        if on:
-            check(calls > 0, f"{op}: switched on and ran", f"{calls} call(s), backend {entry.get('backend')}")
-            fallbacks = entry.get("fallbacks", 0)
-            check(
-                fallbacks == 0,
-                f"{op}: no fallback to torch",
-                entry.get("first_fallback_error") or f"{fallbacks} fallback(s)",
-                warn_only=True,
-            )
-        else:
-            check(calls == 0, f"{op}: switched off and silent", f"{calls} call(s)")
+    check(pto is not None, "the PTO run happened (not --baseline-only)", "" if pto else "baseline only")
+    _ops_rows(check, (pto or {}).get("ops") or {})
 
     accuracy = report.get("accuracy")
     if pto is not None:
@@ -77,7 +103,7 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     if not isinstance(report, dict) or "error" in report:
         detail = report.get("error") if isinstance(report, dict) else "not a JSON object"
-        print(f"error: not a verify report: {detail}", file=sys.stderr)
+        print(f"error: not a verify, bench or demo report: {detail}", file=sys.stderr)
         return EXIT_USAGE
     rows = criteria(report)
     for status, name, detail in rows:
