@@ -261,7 +261,7 @@ def count_replays(fn: Callable) -> Callable:
     return run
 
 
-_NO_KERNELS = {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0}
+_NO_KERNELS = {"built": 0, "compiles": 0, "compile_s": 0.0, "cache_hits": 0, "evicted": 0, "cached": 0}
 
 
 def stats() -> dict[str, dict]:

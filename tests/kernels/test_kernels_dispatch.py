@@ -120,7 +120,14 @@ def test_failing_kernel_falls_back_counted_and_logged_once(monkeypatch, caplog):
         "first_fallback_error": None,
         "captured": 0,
         "replays": 0,
-        "pypto_kernels": {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0},
+        "pypto_kernels": {
+            "built": 0,
+            "compiles": 0,
+            "compile_s": 0.0,
+            "cache_hits": 0,
+            "evicted": 0,
+            "cached": 0,
+        },
     }
 
 
