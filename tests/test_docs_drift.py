@@ -34,6 +34,7 @@ DOCS = (
     SKILL / "references" / "layout.md",
     SKILL / "references" / "json-schemas.md",
     REPO / "README.md",
+    REPO / "docs" / "pypto-on-device.md",
 )
 PROG = "pto-patch"
 ERROR_CLASSES = {
