@@ -33,7 +33,7 @@ x2, mrope, swiglu_mlp and the q, k, v and o projections as plain matmul kernels 
 the MLP: about 200,700 cycles); the fused layer's target is <= 1.3x.
 
 buffers: the most L1 and L0B (KiB) any of the kernel's matmul tiles take by PyPTO's documented formulas
-(pto_kernels/tile_budget.py; an A2 core has 512 and 64), and "OVER" where a tile breaks a budget: the cost
+(pto_kernels/tiling/tile_budget.py; an A2 core has 512 and 64), and "OVER" where a tile breaks a budget: the cost
 model simulates such a tiling all the same, a device does not compile it.
 """
 
@@ -207,8 +207,8 @@ def min_bytes(op: str, params: dict) -> int:
 
 def _sim_child(request: str) -> None:
     """Build one kernel in SIM mode with the table's tiling (or the one given) and call it once."""
-    from pto_kernels import pypto_kernels
-    from pto_kernels.tile_table import TileConfig, tile_config
+    from pto_kernels.backends import pypto_kernels
+    from pto_kernels.tiling.tile_table import TileConfig, tile_config
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
@@ -239,7 +239,7 @@ def _sim_child(request: str) -> None:
 
 
 def _sim_block(op: str, params: dict, config) -> None:
-    from pto_kernels import pypto_blocks
+    from pto_kernels.backends import pypto_blocks
 
     bf16, rows, eps = torch.bfloat16, params["rows"], 1e-6
     x = torch.randn(rows, TEXT, dtype=bf16)
@@ -355,8 +355,8 @@ def fixed_costs(tasks: list[dict], pipes: Path) -> dict | None:
 
 def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None:
     """The most L1 and L0B bytes the kernel's matmul tiles take, and whether all fit (None: no matmul)."""
-    from pto_kernels import tile_budget
-    from pto_kernels.tile_table import TileConfig, tile_config
+    from pto_kernels.tiling import tile_budget
+    from pto_kernels.tiling.tile_table import TileConfig, tile_config
 
     if config is None:
         config = tile_config(op, params["rows"], {"rms_norm": params.get("width", TEXT)}.get(op, TEXT))[1]
@@ -553,7 +553,7 @@ def main() -> None:
     if soc:
         print_table(entries, soc)
     if args.json:
-        from pto_kernels.tile_table import BLOCK_TILE_TABLE, TILE_TABLE
+        from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, TILE_TABLE
 
         tables = TILE_TABLE | BLOCK_TILE_TABLE
         table = {"/".join(str(p) for p in key): asdict(config) for key, config in tables.items()}

@@ -104,8 +104,8 @@ def _weights(gen, out_features, in_features):
 def run_case(case: str, rows: int) -> dict:
     """Build the case's kernel as its entry does, call it once through the interpreter, check every output."""
     import torch
-    from pto_kernels import pypto_blocks, pypto_kernels
-    from pto_kernels.tile_table import tile_config
+    from pto_kernels.backends import pypto_blocks, pypto_kernels
+    from pto_kernels.tiling.tile_table import tile_config
 
     bf16, gen = torch.bfloat16, torch.Generator().manual_seed(rows * 31 + len(case))
     x = (torch.randn(rows, HIDDEN, generator=gen, dtype=torch.float64) * 2.0 + 0.3).to(bf16)

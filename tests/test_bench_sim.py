@@ -204,7 +204,7 @@ def test_block_shapes_list_each_kernel_once_per_row_count():
 def test_each_kernel_row_names_its_largest_tiles_and_whether_they_fit():
     from dataclasses import asdict
 
-    from pto_kernels.tile_table import TileConfig
+    from pto_kernels.tiling.tile_table import TileConfig
 
     assert bench_sim.buffer_use("rms_norm", {"rows": 1, "width": 2048}) is None  # no matmul
     assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 288, "l0b_kib": 64, "fits": True}

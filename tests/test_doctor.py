@@ -49,7 +49,7 @@ def test_every_op_on_every_backend_here_matches_float64(narrow):
 
 
 def test_a_wrong_kernel_fails_with_exit_code_3(narrow, monkeypatch):
-    from pto_kernels import fused
+    from pto_kernels.backends import fused
 
     right = fused.rms_norm
     monkeypatch.setattr(fused, "rms_norm", lambda x, w, eps=1e-6: right(x, w.flip(0), eps))
@@ -63,7 +63,7 @@ def test_a_wrong_kernel_fails_with_exit_code_3(narrow, monkeypatch):
 
 
 def test_a_kernel_that_falls_back_is_a_failure_with_its_reason(narrow, monkeypatch):
-    from pto_kernels import fused
+    from pto_kernels.backends import fused
 
     def broken(*args):
         raise RuntimeError("no such kernel here")

@@ -34,7 +34,8 @@ import sys
 import torch
 from torch import Tensor
 
-from . import _dispatch, reference
+from . import _dispatch
+from .backends import reference
 
 NAMESPACE = "pto_kernels"
 

@@ -2,7 +2,7 @@
 what the reference computes here, at GutenOCR-3B's widths.
 
 The report names the stack (python, torch, torch_npu, CANN, pypto and which runtime it loaded, torchair,
-transformers, vllm, vllm-ascend), the devices, PyPTO's NPU pre-flight (pto_kernels.pypto_device), and
+transformers, vllm, vllm-ascend), the devices, PyPTO's NPU pre-flight (pto_kernels.backends.pypto_device), and
 per op and backend one run of pto_kernels' entry through its wrapper, as a patched model calls it, on
 random inputs of GutenOCR-3B's widths (hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, mrope_section
 [16, 24, 24]) against the reference backend in float64 on the CPU: the relative error (as the kernel
@@ -160,7 +160,7 @@ def _pypto_runtime(kernels) -> str | None:
         importlib.import_module("pypto")
     except Exception as exc:  # noqa: BLE001 - ASCEND_HOME_PATH set without a CANN raises OSError
         return f"import failed ({type(exc).__name__}: {exc})"
-    return _part(kernels, "pypto_device").loaded_runtime()
+    return _part(kernels, "backends.pypto_device").loaded_runtime()
 
 
 def device_list(kernels) -> dict[str, Any]:
@@ -349,7 +349,7 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
     report = DoctorReport(
         stack=stack(kernels),
         devices=device_list(kernels),
-        pypto={"preflight": _part(kernels, "pypto_device").preflight().to_json()},
+        pypto={"preflight": _part(kernels, "backends.pypto_device").preflight().to_json()},
         device=choice.name,
         dtype=str(dtype).removeprefix("torch."),
         tokens=tokens,
@@ -384,7 +384,7 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
                 continue
             calls = 0 if backend == "pypto" and choice.kind == "cpu" else TIMED_CALLS  # the interpreter: once
             report.checks.append(check_op(kernels, op, backend, expected, here, given, target, dtype, calls))
-    prepared = _part(kernels, "pypto_device").prepared()
+    prepared = _part(kernels, "backends.pypto_device").prepared()
     if prepared is not None:
         report.pypto["prepared"] = prepared.to_json()
     report.seconds = time.perf_counter() - started

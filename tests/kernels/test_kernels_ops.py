@@ -8,7 +8,8 @@ import sys
 import pto_kernels
 import pytest
 import torch
-from pto_kernels import _dispatch, ops, reference
+from pto_kernels import _dispatch, ops
+from pto_kernels.backends import reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pto_kernels import pypto_device, pypto_kernels
+from pto_kernels.backends import pypto_device, pypto_kernels
 
 REAL_MAPS = "7f00-7f01 r-xp 0 08:01 1 /venv/pypto/lib/libtile_fwk_runtime.so\n"
 STUB_MAPS = "7f00-7f01 r-xp 0 08:01 1 /venv/pypto/lib/libtile_fwk_runtime_stub.so\n"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from pto_kernels import pypto_kernels, tile_budget
-from pto_kernels.tile_table import BLOCK_TILE_TABLE, TILE_TABLE, TileConfig
+from pto_kernels.backends import pypto_kernels
+from pto_kernels.tiling import tile_budget
+from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, TILE_TABLE, TileConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import tile_search  # noqa: E402

@@ -4,8 +4,8 @@ import json
 from dataclasses import asdict
 
 import pytest
-from pto_kernels import pypto_kernels
-from pto_kernels.tile_table import DECODE_MAX_ROWS, TILE_TABLE, TileConfig, shape_class, tile_config
+from pto_kernels.backends import pypto_kernels
+from pto_kernels.tiling.tile_table import DECODE_MAX_ROWS, TILE_TABLE, TileConfig, shape_class, tile_config
 
 
 class FakeKernel:

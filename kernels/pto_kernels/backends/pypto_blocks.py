@@ -2,7 +2,7 @@
 + RMSNorm + SiLU MLP + residual; RMSNorm + q/k/v projections (with their biases) + MRoPE.
 
 They share pypto_kernels' machinery (the jit, the kernel cache and its stats, the interpreter hand-over, the
-in-kernel RMSNorm, rotation and SwiGLU); pypto_kernels hands their entries to the dispatcher.
+in-kernel RMSNorm, rotation and SwiGLU); pypto.py hands their entries to the dispatcher.
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
@@ -10,7 +10,9 @@ import weakref
 
 import torch
 
-from . import fused, tile_budget
+from ..tiling import tile_budget
+from ..tiling.tile_table import TileConfig, tile_config
+from . import fused
 from .pypto_kernels import (
     _check_half_blocks,
     _device_type,
@@ -27,7 +29,6 @@ from .pypto_kernels import (
     _swiglu,
     _WeightLayouts,
 )
-from .tile_table import TileConfig, tile_config
 
 # --- decoder-layer blocks ----------------------------------------------------------------------------
 # Several of a layer's ops as one kernel each: residual add + RMSNorm; o_proj + residual + RMSNorm + SiLU

@@ -1,6 +1,5 @@
-"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP; and,
-from pypto_blocks.py, the decoder-layer blocks (residual add + RMSNorm; o_proj + residual + RMSNorm + MLP +
-residual; RMSNorm + q/k/v + MRoPE), one kernel each.
+"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP; and the
+machinery the decoder-layer blocks (pypto_blocks.py) share with them. pypto.py hands both to the dispatcher.
 
 On an Ascend NPU the kernels run in PyPTO's NPU mode. On the CPU, PyPTO's SIM mode only estimates cycles,
 so CPU tensors go through PyPTO's verify interpreter instead (slow: for correctness checks, never for
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from . import fused, pypto_device, tile_budget
-from .tile_table import TileConfig, tile_config
+from ..tiling import tile_budget
+from ..tiling.tile_table import TileConfig, tile_config
+from . import fused, pypto_device
 
 CACHE_ENV = pypto_device.CACHE_ENV
 _TORCH_TO_PYPTO = {torch.float32: "DT_FP32", torch.float16: "DT_FP16", torch.bfloat16: "DT_BF16"}
@@ -588,15 +588,3 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """No PyPTO kernel for the activation alone (the MLP kernel fuses it with its matmuls): the fused
     torch path."""
     return fused.silu_and_mul(gate_up)
-
-
-BLOCK_ENTRIES = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_prologue_mixed")
-
-
-def __getattr__(name: str):
-    """The decoder-layer blocks' entries, from pypto_blocks (which imports this module's machinery)."""
-    if name in BLOCK_ENTRIES:
-        from . import pypto_blocks
-
-        return getattr(pypto_blocks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
