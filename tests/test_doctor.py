@@ -122,3 +122,20 @@ def test_doctor_json_at_gutenocr_widths_names_the_stack_and_checks_every_op(tmp_
     checked = {(c["op"], c["backend"]): c for c in document["checks"]}
     assert set(checked) == {(op, b) for op in OPS for b in ("torch", "fused")}
     assert all(c["status"] == "ok" and c["rel_error"] <= 1e-2 for c in checked.values())
+
+
+def test_verify_and_bench_reports_carry_the_compile_seconds_apart():
+    """The kernel package counts pypto's compile time; the run's op reports show it per op."""
+    from pto_patch.run.ops import op_reports
+
+    stats = {
+        "rms_norm": {
+            "calls": 3,
+            "backends": {"pypto": 3},
+            "pypto_kernels": {"compiles": 1, "compile_s": 2.5},
+        },
+        "mrope": {"calls": 2, "backends": {"fused": 2}},  # a kernel package from before compile_s
+    }
+    reports = op_reports(stats, ("rms_norm", "mrope"))
+    assert reports["rms_norm"].compile_s == 2.5 and reports["mrope"].compile_s is None
+    assert reports["rms_norm"].to_json()["compile_s"] == 2.5
