@@ -228,15 +228,19 @@ def preflight(
 
 
 _prepared: Preflight | None = None
+_ready = False
 
 
 def prepare() -> Preflight:
     """Checked once per process, before the first NPU kernel: the settings applied, or
     DeviceNotReadyError with the one-line reason (raised again on every later call)."""
-    global _prepared
+    global _prepared, _ready
+    if _ready:  # the hot path: every NPU call of a pypto kernel passes here
+        return _prepared
     if _prepared is None:
         _prepared = _prepare()
-    if not _prepared.ready:
+        _ready = _prepared.ready
+    if not _ready:
         raise DeviceNotReadyError(_prepared.reason)
     return _prepared
 
@@ -269,8 +273,8 @@ def prepared() -> Preflight | None:
 
 def reset() -> None:
     """Forget prepare()'s result (tests; or after fixing the environment in a running process)."""
-    global _prepared
-    _prepared = None
+    global _prepared, _ready
+    _prepared, _ready = None, False
 
 
 def capturing(device_type: str) -> bool:
