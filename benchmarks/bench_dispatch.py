@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
-from pto_kernels import _dispatch, fused  # noqa: E402
+from pto_kernels import _dispatch  # noqa: E402
+from pto_kernels.backends import fused  # noqa: E402
 
 # The injected RMSNorm guard, as the patched modeling code runs it (templates/injections/rms_norm.py).
 GUARD = """

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
-from pto_kernels import fused, reference  # noqa: E402
+from pto_kernels.backends import fused, reference  # noqa: E402
 
 LAYERS = 36
 

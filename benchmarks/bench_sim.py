@@ -31,6 +31,10 @@ attention core, run back to back (so each kernel's start-up counts once per kern
 x2, mrope, swiglu_mlp and the q, k, v and o projections as plain matmul kernels (`linear`, bias-free);
 `fused` is attention_prologue + mlp_block. Both are judged against the layer's weight floor (q/k/v, o and
 the MLP: about 200,700 cycles); the fused layer's target is <= 1.3x.
+
+buffers: the most L1 and L0B (KiB) any of the kernel's matmul tiles take by PyPTO's documented formulas
+(pto_kernels/tiling/tile_budget.py; an A2 core has 512 and 64), and "OVER" where a tile breaks a budget: the cost
+model simulates such a tiling all the same, a device does not compile it.
 """
 
 import argparse
@@ -203,8 +207,8 @@ def min_bytes(op: str, params: dict) -> int:
 
 def _sim_child(request: str) -> None:
     """Build one kernel in SIM mode with the table's tiling (or the one given) and call it once."""
-    from pto_kernels import pypto_kernels
-    from pto_kernels.tile_table import TileConfig, tile_config
+    from pto_kernels.backends import pypto_kernels
+    from pto_kernels.tiling.tile_table import TileConfig, tile_config
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
@@ -235,7 +239,7 @@ def _sim_child(request: str) -> None:
 
 
 def _sim_block(op: str, params: dict, config) -> None:
-    from pto_kernels import pypto_blocks
+    from pto_kernels.backends import pypto_blocks
 
     bf16, rows, eps = torch.bfloat16, params["rows"], 1e-6
     x = torch.randn(rows, TEXT, dtype=bf16)
@@ -346,6 +350,26 @@ def fixed_costs(tasks: list[dict], pipes: Path) -> dict | None:
         "dispatch_spread": max(starts) - min(starts),
         "copy_ins_per_task": max(copies.values(), default=0),
         "copy_in_cycles_median": statistics.median(latencies) if latencies else None,
+    }
+
+
+def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None:
+    """The most L1 and L0B bytes the kernel's matmul tiles take, and whether all fit (None: no matmul)."""
+    from pto_kernels.tiling import tile_budget
+    from pto_kernels.tiling.tile_table import TileConfig, tile_config
+
+    if config is None:
+        config = tile_config(op, params["rows"], {"rms_norm": params.get("width", TEXT)}.get(op, TEXT))[1]
+    else:
+        config = TileConfig.from_dict(config)
+    tiles = tile_budget.cube_tiles(op, config)
+    if not tiles:
+        return None
+    used = [tile_budget.footprint(t, BF16_BYTES) for t in tiles]
+    return {
+        "l1_kib": max(u["l1"] for u in used) // 1024,
+        "l0b_kib": max(u["l0b"] for u in used) // 1024,
+        "fits": not tile_budget.problems(op, config),
     }
 
 
@@ -462,6 +486,7 @@ def print_table(entries: list[dict], soc: dict) -> None:
     print(
         f"{'kernel':<34} {'cycles':>9} {'us':>8} {'floor us':>9} {'ratio':>6} {'roof':>5} {'tasks':>6}"
         f" {'longest':>8} {'spread':>7} {'copy-in':>7} {'target':>11} {'met':>4} {'wall s':>7}"
+        f" {'L1/L0B KiB':>13}"
     )
     for e in entries:
         if e["status"] != "ok":
@@ -472,7 +497,15 @@ def print_table(entries: list[dict], soc: dict) -> None:
             f"{_label(e):<34} {e['cycles']:>9} {e['us']:>8.2f} {e['floor_us']:>9.2f} {e['ratio']:>6.2f}"
             f" {e['roofline_ratio']:>5.2f} {e['tasks']:>6} {e.get('longest_task', ''):>8} {e.get('dispatch_spread', ''):>7}"
             f" {e.get('copy_ins_per_task', ''):>7} {e.get('target', ''):>11} {met:>4} {e['wall_s']:>7.1f}"
+            f" {_buffers(e):>13}"
         )
+
+
+def _buffers(entry: dict) -> str:
+    use = entry.get("buffers")
+    if not use:
+        return ""
+    return f"{use['l1_kib']}/{use['l0b_kib']}" + ("" if use["fits"] else " OVER")
 
 
 def sim_entries(kernels: list[tuple[str, dict]], timeout_s: int) -> list[dict]:
@@ -482,7 +515,10 @@ def sim_entries(kernels: list[tuple[str, dict]], timeout_s: int) -> list[dict]:
             for op, p in kernels
         ]
     soc = soc_config()
-    return [with_roofline(run_sim(op, params, timeout_s), soc) for op, params in kernels]
+    entries = [with_roofline(run_sim(op, params, timeout_s), soc) for op, params in kernels]
+    for entry in entries:
+        entry["buffers"] = buffer_use(entry["op"], entry["params"])
+    return entries
 
 
 def main() -> None:
@@ -517,9 +553,10 @@ def main() -> None:
     if soc:
         print_table(entries, soc)
     if args.json:
-        from pto_kernels.tile_table import TILE_TABLE
+        from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, TILE_TABLE
 
-        table = {"/".join(str(p) for p in key): asdict(config) for key, config in TILE_TABLE.items()}
+        tables = TILE_TABLE | BLOCK_TILE_TABLE
+        table = {"/".join(str(p) for p in key): asdict(config) for key, config in tables.items()}
         doc = {"soc": soc, "tile_table": table, "kernels": entries}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -199,3 +199,19 @@ def test_block_shapes_list_each_kernel_once_per_row_count():
     assert {"residual_rms_norm", "mlp_block", "attention_prologue", "linear", "swiglu_mlp"} <= ops
     # q, k, v and o: at GutenOCR width q and o are both 2048 x 2048 and k, v both 2048 -> 256
     assert sum(1 for op, p in shapes if op == "linear" and p["rows"] == 1) == 2
+
+
+def test_each_kernel_row_names_its_largest_tiles_and_whether_they_fit():
+    from dataclasses import asdict
+
+    from pto_kernels.tiling.tile_table import TileConfig
+
+    assert bench_sim.buffer_use("rms_norm", {"rows": 1, "width": 2048}) is None  # no matmul
+    assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 288, "l0b_kib": 64, "fits": True}
+    over = TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 256))
+    assert bench_sim.buffer_use("mlp_block", {"rows": 1}, asdict(over)) == {
+        "l1_kib": 544,
+        "l0b_kib": 64,
+        "fits": False,
+    }
+    assert bench_sim._buffers({"buffers": {"l1_kib": 544, "l0b_kib": 64, "fits": False}}) == "544/64 OVER"

@@ -6,6 +6,10 @@ its own modules, the packages below it, and the top-level modules (`errors`, `re
 package. Inside `patching`, what the two writers share (`plan`) and what undoes a manifest (`undo`,
 `overlay_record`) sit below the writers. `kernels/` (the pto_kernels the folder gets) imports nothing
 of pto_patch. Every import counts: at the top of a module or inside a function.
+
+Inside `kernels/pto_kernels/`, from the top: the package's face (`__init__`) > what picks, counts and
+declares the backends (`_dispatch`, `ops`, `serving_ops`, `tuning`) > the backends (`backends/`: reference,
+fused, npu, pypto) > the tile tables (`tiling/`). Imports run one way, down, and make no circle.
 """
 
 from __future__ import annotations
@@ -114,6 +118,68 @@ def kernel_imports_of_pto_patch(kernels_root: Path) -> list[str]:
     return found
 
 
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def kernel_import_graph(root: Path, package: str = "pto_kernels") -> dict[str, set[str]]:
+    """import_graph for the kernel package, whose modules import each other relatively (`from . import
+    fused`, `from ..tiling.tile_table import TileConfig`)."""
+    modules = {module_name(root, path): path for path in (root / package).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = _package_of(name, path)
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                found |= {
+                    f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names
+                }
+        graph[name] = {target for target in found if target in modules and target != name}
+    return graph
+
+
+# Rank of each part of the kernel package, from the ground up: an import may not reach a higher rank.
+KERNEL_LAYERS = {"tiling": 0, "backends": 1, "picks": 2, "face": 3}
+
+
+def kernel_layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "face"
+    return parts[1] if parts[1] in ("tiling", "backends") else "picks"
+
+
+def kernel_upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        for target in sorted(targets):
+            here, there = kernel_layer(module), kernel_layer(target)
+            if KERNEL_LAYERS[there] > KERNEL_LAYERS[here]:
+                found.append(f"{module} -> {target}: {here} may not import {there}")
+    return found
+
+
+def test_kernels_import_one_way_down():
+    assert kernel_upward_imports(kernel_import_graph(REPO / "kernels")) == []
+
+
+def test_kernels_have_no_circle():
+    graph = kernel_import_graph(REPO / "kernels")
+    assert (
+        "pto_kernels.backends.pypto_kernels" in graph["pto_kernels.backends.pypto_blocks"]
+    )  # the graph sees
+    assert circles(graph) == []
+
+
 def test_no_import_runs_back_up():
     assert upward_imports(import_graph(REPO)) == []
 
@@ -205,3 +271,60 @@ def test_a_circle_is_reported(tmp_path: Path):
 def test_kernels_importing_pto_patch_is_reported(tmp_path: Path):
     write(tmp_path, "pto_kernels/ops.py", "import torch\nfrom pto_patch.model.spec import OPS\n")
     assert kernel_imports_of_pto_patch(tmp_path) == ["ops.py -> pto_patch.model.spec"]
+
+
+def fake_kernels(root: Path) -> None:
+    write(
+        root, "pto_kernels/__init__.py", "from . import _dispatch, tuning\nfrom .backends import reference\n"
+    )
+    write(root, "pto_kernels/_dispatch.py", "import importlib\n")
+    write(root, "pto_kernels/tuning.py", "from ._dispatch import OPS\n")
+    write(root, "pto_kernels/backends/reference.py", "import torch\n")
+    write(root, "pto_kernels/backends/fused.py", "from . import reference\n")
+    write(root, "pto_kernels/backends/pypto_kernels.py", "from ..tiling.tile_table import TileConfig\n")
+    write(root, "pto_kernels/tiling/tile_table.py", "")
+
+
+def test_a_clean_fake_kernel_package_passes(tmp_path: Path):
+    fake_kernels(tmp_path)
+    graph = kernel_import_graph(tmp_path)
+    assert graph["pto_kernels.backends.fused"] == {"pto_kernels.backends.reference"}
+    assert graph["pto_kernels.backends.pypto_kernels"] == {"pto_kernels.tiling.tile_table"}
+    assert kernel_upward_imports(graph) == [] and circles(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "reported"),
+    [
+        (  # a backend reaching the dispatcher that picks it
+            {"pto_kernels/backends/fused.py": "def f():\n    from .._dispatch import ROUTES\n"},
+            "pto_kernels.backends.fused -> pto_kernels._dispatch: backends may not import picks",
+        ),
+        (  # tuning reaching back up to the package's face
+            {"pto_kernels/tuning.py": "def f():\n    from . import enable\n"},
+            "pto_kernels.tuning -> pto_kernels: picks may not import face",
+        ),
+        (  # a tile table reaching a backend
+            {"pto_kernels/tiling/tile_table.py": "from ..backends import fused\n"},
+            "pto_kernels.tiling.tile_table -> pto_kernels.backends.fused: tiling may not import backends",
+        ),
+    ],
+)
+def test_each_kernel_import_up_is_reported(tmp_path: Path, files: dict[str, str], reported: str):
+    fake_kernels(tmp_path)
+    for relative, text in files.items():
+        write(tmp_path, relative, text)
+    assert kernel_upward_imports(kernel_import_graph(tmp_path)) == [reported]
+
+
+def test_the_old_circle_between_the_pypto_modules_is_reported(tmp_path: Path):
+    fake_kernels(tmp_path)
+    write(tmp_path, "pto_kernels/backends/pypto_blocks.py", "from .pypto_kernels import KERNELS\n")
+    write(
+        tmp_path,
+        "pto_kernels/backends/pypto_kernels.py",
+        "def __getattr__(name):\n    from . import pypto_blocks\n",
+    )
+    assert circles(kernel_import_graph(tmp_path)) == [
+        ["pto_kernels.backends.pypto_blocks", "pto_kernels.backends.pypto_kernels"]
+    ]

@@ -53,6 +53,7 @@ COMMANDS = (
     "apply",
     "bench",
     "demo",
+    "doctor",
     "download",
     "make_tiny",
     "models",

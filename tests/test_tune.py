@@ -69,7 +69,7 @@ cli.main(sys.argv[1:])
 # A backend whose kernels sleep 30 ms, then compute what the eager code computes.
 SLEEPY_BACKEND = """
 import time, types
-from pto_kernels import reference
+from pto_kernels.backends import reference
 
 
 def sleepy(entry):
@@ -96,7 +96,7 @@ loaded.kernels._dispatch._modules["fused"] = slow
 MLP_FASTER = (
     SLEEPY_BACKEND
     + """
-from pto_kernels import fused
+from pto_kernels.backends import fused
 kernels = loaded.kernels
 slow.swiglu_mlp = fused.swiglu_mlp
 kernels._dispatch._modules["fused"] = slow

@@ -27,10 +27,11 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from . import _dispatch, ops, reference
+from . import _dispatch, ops, tuning
 from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
+from .backends import reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
-from .tuning import TuningError, TuningMismatchError, apply_tuning
+from .tuning import TuningError, TuningMismatchError
 
 __all__ = [
     "BACKENDS",
@@ -159,6 +160,23 @@ def disable() -> None:
         globals()[switch] = False
 
 
+def apply_tuning(source, batch_size: int, device=None, dtype=None) -> tuning.BatchChoice:
+    """Switch on what the tuning `source` (a path, or its parsed JSON) chose for `batch_size` on `device`
+    (default: NPU, else CUDA, else CPU) for a model in `dtype` (a torch.dtype such as model.dtype, or a
+    name such as "bf16"); nothing on where it chose nothing.
+
+    Raises TuningMismatchError (one line: what differs) if the tuning was made on another device, in
+    another dtype (or `dtype` is not given while the tuning records one), or with other torch /
+    transformers / pypto / torch_npu releases; the switches are then left as they were.
+    """
+    choice = tuning.choose(source, batch_size, device, dtype)
+    if choice.ops:
+        enable(ops=tuple(choice.ops), backend=dict(choice.ops))
+    else:
+        disable()
+    return choice
+
+
 def switched_on() -> tuple[str, ...]:
     """The ops whose switch is on, in OPS order."""
     return tuple(op for op in OPS if globals()[SWITCHES[op]])
@@ -272,3 +290,25 @@ def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
     if _tracing():
         return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
     return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)
+
+
+# Modules that moved into backends/ and tiling/, by their old names, for code written before the move
+# (`from pto_kernels import fused` still gives the backend module itself). New code imports the new names.
+_MOVED = {
+    "fused": "backends.fused",
+    "npu": "backends.npu",
+    "pypto_kernels": "backends.pypto_kernels",
+    "pypto_blocks": "backends.pypto_blocks",
+    "pypto_device": "backends.pypto_device",
+    "tile_table": "tiling.tile_table",
+    "tile_budget": "tiling.tile_budget",
+}
+
+
+def __getattr__(name: str):
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{moved}")

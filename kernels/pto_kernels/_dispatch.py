@@ -18,7 +18,12 @@ STRICT_ENV = "PTO_KERNELS_STRICT"
 _log = logging.getLogger("pto_kernels")
 
 # backend name -> module (relative to this package) holding one function per kernel entry
-_BACKEND_MODULES = {"torch": "reference", "fused": "fused", "npu": "npu", "pypto": "pypto_kernels"}
+_BACKEND_MODULES = {
+    "torch": "backends.reference",
+    "fused": "backends.fused",
+    "npu": "backends.npu",
+    "pypto": "backends.pypto",
+}
 # kernel entry -> the op it is counted under
 _ENTRY_OP = {
     "rms_norm": "rms_norm",
@@ -261,7 +266,7 @@ def count_replays(fn: Callable) -> Callable:
     return run
 
 
-_NO_KERNELS = {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0}
+_NO_KERNELS = {"built": 0, "compiles": 0, "compile_s": 0.0, "cache_hits": 0, "evicted": 0, "cached": 0}
 
 
 def stats() -> dict[str, dict]:

@@ -36,7 +36,8 @@ import types
 import torch
 from torch import Tensor
 
-from . import _dispatch, reference
+from . import _dispatch
+from .backends import reference
 
 NAMESPACE = "pto_kernels"
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _dispatch, ops, reference
+from . import _dispatch, ops
+from .backends import reference
 from .ops import NAMESPACE, registered
 
 

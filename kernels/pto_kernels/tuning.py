@@ -1,7 +1,7 @@
 """Tuning files: which ops (on which backends) measured faster than the eager model, per batch size.
 
 `pto-patch tune` measures the patched model on one device and writes `.pto_patch/tuning.json` in the
-model folder. `apply_tuning(path_or_dict, batch_size, device, dtype)` switches on what it chose for that
+model folder. `pto_kernels.apply_tuning(path_or_dict, batch_size, device, dtype)` switches on what it chose for that
 batch size, after checking that the file was made on this device, in this dtype, with these torch /
 transformers / pypto releases: a tuning made elsewhere raises TuningMismatchError with a one-line
 reason and is never applied.
@@ -240,25 +240,19 @@ def load(source: str | Path | Mapping[str, Any]) -> Tuning:
         raise TuningError(f"{where} is not a complete tuning file (bad or missing {exc})") from exc
 
 
-def apply_tuning(
+def choose(
     source: str | Path | Mapping[str, Any], batch_size: int, device: Any = None, dtype: Any = None
 ) -> BatchChoice:
-    """Switch on what `source` chose for `batch_size` on `device` (default: NPU, else CUDA, else CPU)
-    for a model in `dtype` (a torch.dtype such as model.dtype, or a name such as "bf16").
+    """What `source` chose for `batch_size` on `device` (default: NPU, else CUDA, else CPU) for a model in
+    `dtype` (a torch.dtype such as model.dtype, or a name such as "bf16"); `pto_kernels.apply_tuning`
+    switches it on.
 
     Raises TuningMismatchError (one line: what differs) if the tuning was made on another device, in
     another dtype (or `dtype` is not given while the tuning records one), or with other torch /
-    transformers / pypto / torch_npu releases; the switches are then left as they were.
+    transformers / pypto / torch_npu releases.
     """
-    from . import disable, enable
-
     tuning = load(source)
     reason = tuning.mismatch(environment(device)) or tuning.dtype_mismatch(dtype)
     if reason is not None:
         raise TuningMismatchError(reason)
-    choice = tuning.for_batch(batch_size)
-    if choice.ops:
-        enable(ops=tuple(choice.ops), backend=dict(choice.ops))
-    else:
-        disable()
-    return choice
+    return tuning.for_batch(batch_size)

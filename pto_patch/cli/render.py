@@ -548,6 +548,12 @@ def _demo_text(result) -> None:
         out.print("[bold red]FAILED[/]; exit code 3", markup=True)
 
 
+def _doctor_text(result) -> None:
+    from pto_patch.cli import doctor_render
+
+    doctor_render.doctor_text(result)
+
+
 def _tune_text(result) -> None:
     from pto_patch.cli import tune_render  # tune's tables, and its progress bar while it measures
 
@@ -582,4 +588,5 @@ TEXT: dict[str, Callable[[Any], None]] = {
     "TuneResult": _tune_text,
     "OcrVerifyReport": _ocr_verify_text,
     "PageBenchResult": _page_bench_text,
+    "DoctorReport": _doctor_text,
 }

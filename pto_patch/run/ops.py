@@ -156,6 +156,7 @@ def op_reports(
             replays=int(entry.get("replays", 0)),
             inside=_inside(op, stats, switched_on) if op in switched_on and not calls else None,
             calls_per_layer=per_layer,
+            compile_s=(entry.get("pypto_kernels") or {}).get("compile_s"),  # absent from older packages
         )
     return reports
 

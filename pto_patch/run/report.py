@@ -148,6 +148,7 @@ class OpReport:
     replays: int = 0  # replays of such a graph, where they were counted
     inside: str | None = None  # the block that ran this op's work while its own guard was not reached
     calls_per_layer: float | None = None  # a decoder-layer block's calls / the model's decoder layers
+    compile_s: float | None = None  # seconds in pypto's compiles of its kernels, apart from the runs
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

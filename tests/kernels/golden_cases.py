@@ -158,7 +158,7 @@ def table_mlp_widths(config) -> tuple[int, int]:
 
 def table_cases() -> list[dict]:
     """A case per TILE_TABLE entry whose row count falls in the entry's class, with a partial last tile."""
-    from pto_kernels.tile_table import DECODE_MAX_ROWS, TILE_TABLE
+    from pto_kernels.tiling.tile_table import DECODE_MAX_ROWS, TILE_TABLE
 
     cases = []
     for seed, ((op, klass, width), config) in enumerate(sorted(TILE_TABLE.items(), key=str), start=71):

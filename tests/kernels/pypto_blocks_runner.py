@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
-from pto_kernels import pypto_blocks, pypto_kernels  # noqa: E402
-from pto_kernels.tile_table import tile_config  # noqa: E402
+from pto_kernels.backends import pypto, pypto_blocks, pypto_kernels  # noqa: E402
+from pto_kernels.tiling.tile_table import tile_config  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
 # head_dim / 2 must fill whole 32-byte blocks: 16 fp32 or 32 bf16 values a head
@@ -77,17 +77,17 @@ def mixed(table: torch.Tensor, section: list[int]) -> torch.Tensor:
 def call(entry: str, i: dict, sabotage: bool = False):
     if entry == "residual_rms_norm":
         weight = i["norm_weight"].flip(0) if sabotage else i["norm_weight"]
-        return pypto_kernels.residual_rms_norm(i["hidden_states"], i["residual"], weight, EPS)
+        return pypto.residual_rms_norm(i["hidden_states"], i["residual"], weight, EPS)
     if entry == "mlp_block":
         gate, up = (i["up_weight"], i["gate_weight"]) if sabotage else (i["gate_weight"], i["up_weight"])
-        return pypto_kernels.mlp_block(
+        return pypto.mlp_block(
             i["residual"], i["attn_output"], i["o_weight"], None, i["norm_weight"], EPS,
             gate, None, up, None, i["down_weight"], None,
         )  # fmt: skip
     projections = (i["q_weight"], i["q_bias"], i["k_weight"], i["k_bias"], i["v_weight"], i["v_bias"])
     if entry == "attention_prologue":
         section = i["section"][::-1] if sabotage else i["section"]
-        return pypto_kernels.attention_prologue(
+        return pypto.attention_prologue(
             i["hidden_states"],
             i["norm_weight"],
             EPS,
@@ -102,7 +102,7 @@ def call(entry: str, i: dict, sabotage: bool = False):
         cos, sin = sin, cos
     if entry == "attention_prologue_bias_free":
         projections = (i["q_weight"], None, i["k_weight"], None, i["v_weight"], None)
-    return pypto_kernels.attention_prologue_mixed(
+    return pypto.attention_prologue_mixed(
         i["hidden_states"], i["norm_weight"], EPS, *projections, cos, sin, i["head_dim"]
     )
 

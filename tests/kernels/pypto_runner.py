@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_cases as gc  # noqa: E402
 import pto_kernels  # noqa: E402
 import torch  # noqa: E402
-from pto_kernels import pypto_kernels  # noqa: E402
+from pto_kernels.backends import pypto_kernels  # noqa: E402
 
 # the sweep: prompt lengths and batch sizes of prefill (short: the interpreter is slow), then one decode
 # token per sequence

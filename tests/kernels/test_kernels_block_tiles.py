@@ -3,7 +3,7 @@
 import json
 from dataclasses import asdict
 
-from pto_kernels.tile_table import BLOCK_TILE_TABLE, TILE_TABLE, TileConfig, tile_config
+from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, TILE_TABLE, TileConfig, tile_config
 
 BLOCKS = ("residual_rms_norm", "mlp_block", "attention_prologue")
 

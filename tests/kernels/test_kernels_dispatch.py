@@ -9,7 +9,8 @@ import golden_cases as gc
 import pto_kernels
 import pytest
 import torch
-from pto_kernels import _dispatch, fused, pypto_kernels
+from pto_kernels import _dispatch
+from pto_kernels.backends import fused, pypto_kernels
 
 KERNELS_DIR = str(gc.GOLDEN_DIR.parents[1] / "kernels")
 
@@ -120,7 +121,14 @@ def test_failing_kernel_falls_back_counted_and_logged_once(monkeypatch, caplog):
         "first_fallback_error": None,
         "captured": 0,
         "replays": 0,
-        "pypto_kernels": {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 0},
+        "pypto_kernels": {
+            "built": 0,
+            "compiles": 0,
+            "compile_s": 0.0,
+            "cache_hits": 0,
+            "evicted": 0,
+            "cached": 0,
+        },
     }
 
 
@@ -256,7 +264,7 @@ def test_fused_mrope_runs_under_inference_mode(monkeypatch):
     cos, sin = torch.randn(3, 1, 5, 16, generator=gen), torch.randn(3, 1, 5, 16, generator=gen)
     with torch.inference_mode():
         q_embed, _ = pto_kernels.mrope_pto_correct(q, k, cos.clone(), sin.clone(), [2, 3, 3])
-    from pto_kernels import reference
+    from pto_kernels.backends import reference
 
     expected, _ = reference.mrope(q, k, cos, sin, [2, 3, 3])
     assert torch.allclose(q_embed, expected, atol=1e-6)

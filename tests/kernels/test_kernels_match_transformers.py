@@ -8,7 +8,7 @@ import installed_transformers as it
 import pytest
 import torch
 import torch.nn.functional as F
-from pto_kernels import fused, reference
+from pto_kernels.backends import fused, reference
 
 RMS_SHAPES = [(1, 1, 2048), (1, 37, 2048), (2, 130, 2048), (64, 1280)]  # text decode/prefill, vision
 SECTIONS = [[16, 24, 24], [2, 3, 3]]  # GutenOCR's head_dim 128, the tiny model's 16

@@ -9,7 +9,8 @@ import pto_kernels
 import pytest
 import stand_in_torchair
 import torch
-from pto_kernels import _dispatch, ops, reference
+from pto_kernels import _dispatch, ops
+from pto_kernels.backends import reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

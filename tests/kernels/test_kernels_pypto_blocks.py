@@ -152,7 +152,7 @@ def test_one_kernel_per_entry_dtype_and_shape_class(results):
 
 
 def test_norm_folded_weights_are_made_once_and_again_after_a_change():
-    from pto_kernels import pypto_blocks
+    from pto_kernels.backends import pypto_blocks
 
     folded = pypto_blocks._NormFolded()
     weight, norm = torch.randn(8, 4), torch.rand(4) + 0.5

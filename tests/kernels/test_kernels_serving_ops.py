@@ -10,7 +10,8 @@ import pytest
 import stand_in_torch_npu
 import torch
 import torch.nn.functional as F
-from pto_kernels import reference, serving_ops
+from pto_kernels import serving_ops
+from pto_kernels.backends import reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

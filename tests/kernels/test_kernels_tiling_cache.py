@@ -4,8 +4,8 @@ import json
 from dataclasses import asdict
 
 import pytest
-from pto_kernels import pypto_kernels
-from pto_kernels.tile_table import DECODE_MAX_ROWS, TILE_TABLE, TileConfig, shape_class, tile_config
+from pto_kernels.backends import pypto_kernels
+from pto_kernels.tiling.tile_table import DECODE_MAX_ROWS, TILE_TABLE, TileConfig, shape_class, tile_config
 
 
 class FakeKernel:
@@ -65,13 +65,45 @@ def test_cache_counts_builds_hits_compiles_and_evicts_least_recent():
     cache.get(("swiglu_mlp", "c"), build)
     assert len(built) == 3
     stats = cache.stats()
+    assert stats["rms_norm"].pop("compile_s") >= 0.0  # time inside the two compiles
     assert stats["rms_norm"] == {"built": 1, "compiles": 2, "cache_hits": 2, "evicted": 0, "cached": 1}
-    assert stats["mrope"] == {"built": 1, "compiles": 0, "cache_hits": 0, "evicted": 1, "cached": 0}
+    assert stats["mrope"] == {
+        "built": 1,
+        "compiles": 0,
+        "compile_s": 0.0,
+        "cache_hits": 0,
+        "evicted": 1,
+        "cached": 0,
+    }
     assert stats["swiglu_mlp"]["cached"] == 1
     assert cache.get(("mrope", "b"), build) is built[-1] and len(built) == 4  # rebuilt after eviction
     cache.reset_counts()  # counters restart; the kernels held stay
-    assert cache.stats()["mrope"] == {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0, "cached": 1}
+    assert cache.stats()["mrope"] == {
+        "built": 0,
+        "compiles": 0,
+        "compile_s": 0.0,
+        "cache_hits": 0,
+        "evicted": 0,
+        "cached": 1,
+    }
     assert "rms_norm" not in cache.stats()  # its kernel was evicted when b came back
+
+
+def test_compile_time_is_counted_apart_from_the_run():
+    import time
+
+    class SlowCompile(FakeKernel):
+        def compile(self):
+            time.sleep(0.05)
+
+        def __call__(self):
+            self.compile()
+            time.sleep(0.2)  # the run itself: not compile time
+
+    cache = pypto_kernels.KernelCache()
+    cache.get(("rms_norm", "slow"), SlowCompile)()
+    seconds = cache.stats()["rms_norm"]["compile_s"]
+    assert 0.05 <= seconds < 0.2
 
 
 def test_cache_bound_holds_under_many_shapes():

@@ -32,7 +32,7 @@ FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8", "--dtype", "fp3
 # Every norm output with its hidden dimensions reversed: no greedy token survives it.
 SABOTAGE = """
 
-from . import fused as _fused, reference as _reference
+from .backends import fused as _fused, reference as _reference
 
 
 def _reversed_rms_norm(x, weight, eps=1e-6):

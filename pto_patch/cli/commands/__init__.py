@@ -6,6 +6,7 @@ from pto_patch.cli.commands import (  # noqa: F401 - imported to register
     apply,
     bench,
     demo,
+    doctor,
     download,
     make_tiny,
     models,

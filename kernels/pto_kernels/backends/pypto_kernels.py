@@ -1,6 +1,5 @@
-"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP; and,
-from pypto_blocks.py, the decoder-layer blocks (residual add + RMSNorm; o_proj + residual + RMSNorm + MLP +
-residual; RMSNorm + q/k/v + MRoPE), one kernel each.
+"""PyPTO 0.2 kernels (`@pypto.frontend.jit`): RMSNorm, MRoPE with in-kernel section mixing, SwiGLU MLP; and the
+machinery the decoder-layer blocks (pypto_blocks.py) share with them. pypto.py hands both to the dispatcher.
 
 On an Ascend NPU the kernels run in PyPTO's NPU mode. On the CPU, PyPTO's SIM mode only estimates cycles,
 so CPU tensors go through PyPTO's verify interpreter instead (slow: for correctness checks, never for
@@ -22,16 +21,18 @@ import importlib
 import importlib.metadata
 import os
 import tempfile
+import time
 import weakref
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
-from . import fused
-from .tile_table import TileConfig, tile_config
+from ..tiling import tile_budget
+from ..tiling.tile_table import TileConfig, tile_config
+from . import fused, pypto_device
 
-CACHE_ENV = "PTO_KERNELS_CACHE_DIR"
+CACHE_ENV = pypto_device.CACHE_ENV
 _TORCH_TO_PYPTO = {torch.float32: "DT_FP32", torch.float16: "DT_FP16", torch.bfloat16: "DT_BF16"}
 
 # Compiled kernels kept per process. A model uses about 2 per (op, width, dtype): RMSNorm at two widths
@@ -60,9 +61,8 @@ def _dtype(dtype: torch.dtype):
 
 
 def calculator_dir() -> Path:
-    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "pto_kernels")
     version = f"pypto{importlib.metadata.version('pypto')}-torch{torch.__version__}"
-    return Path(base, f"calculator-{version}")
+    return pypto_device.cache_root() / f"calculator-{version}"
 
 
 def _load_calculator() -> None:
@@ -148,7 +148,8 @@ class KernelCache:
     """Compiled kernels by key (the op first), least recently used dropped past `capacity`.
 
     Counts per op: `built` (kernels made), `compiles` (times pypto compiled one: pypto 0.2 compiles on
-    every SIM/interpreter call), `cache_hits`, `evicted`; `cached` is how many are held now.
+    every SIM/interpreter call), `compile_s` (seconds spent in those compiles, apart from the runs),
+    `cache_hits`, `evicted`; `cached` is how many are held now.
     """
 
     def __init__(self, capacity: int = KERNEL_CACHE_SIZE) -> None:
@@ -157,7 +158,9 @@ class KernelCache:
         self._counts: dict[str, dict[str, int]] = {}
 
     def _count(self, op: str) -> dict[str, int]:
-        return self._counts.setdefault(op, {"built": 0, "compiles": 0, "cache_hits": 0, "evicted": 0})
+        return self._counts.setdefault(
+            op, {"built": 0, "compiles": 0, "compile_s": 0.0, "cache_hits": 0, "evicted": 0}
+        )
 
     def get(self, key: tuple, build):
         op = key[0]
@@ -179,10 +182,19 @@ class KernelCache:
         compile_once = kernel.compile
 
         def compile_counted(*args, **kwargs):
-            self._count(op)["compiles"] += 1
-            return compile_once(*args, **kwargs)
+            counts = self._count(op)
+            counts["compiles"] += 1
+            start = time.perf_counter()
+            try:
+                return compile_once(*args, **kwargs)
+            finally:
+                counts["compile_s"] += time.perf_counter() - start
 
-        kernel.compile = compile_counted  # the jit wrapper calls self.compile before each run
+        # the jit wrapper calls self.compile before each run (on the NPU, its launcher on the first one)
+        kernel.compile = compile_counted
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._kernels
 
     def stats(self) -> dict[str, dict[str, int]]:
         held: dict[str, int] = {}
@@ -208,6 +220,37 @@ def kernel_stats() -> dict[str, dict[str, int]]:
 
 def reset_kernel_stats() -> None:
     KERNELS.reset_counts()
+
+
+def _device_type(tensor: torch.Tensor) -> str:
+    return tensor.device.type
+
+
+def _kernel(key: tuple, device_type: str, build):
+    """The compiled kernel for `key`, built by `build()` if not cached. On an NPU: PyPTO's pre-flight
+    checks and settings first (pypto_device.prepare: DeviceNotReadyError with the reason), and no compile
+    inside a device-graph capture (CompileDuringCaptureError: run the model eagerly once first)."""
+    if device_type == "npu":
+        pypto_device.prepare()
+        if key not in KERNELS and pypto_device.capturing(device_type):
+            raise pypto_device.CompileDuringCaptureError(
+                f"pypto kernel {key[0]} is not compiled yet and a device graph is being captured:"
+                " run the model eagerly once before capturing"
+            )
+    return KERNELS.get(key, build)
+
+
+@contextlib.contextmanager
+def _launching(tensor: torch.Tensor):
+    """Around a kernel call: the tensor's NPU made current (pypto launches on the current one); on the
+    CPU, the interpreter's per-call report kept off stdout."""
+    device_type = _device_type(tensor)
+    if device_type == "npu":
+        with pypto_device.on_device(tensor.device):
+            yield
+    else:
+        with _quiet_stdout(device_type):
+            yield
 
 
 def _row_axis(config: TileConfig, rows: int, name: str = "rows"):
@@ -286,12 +329,14 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
     out_dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
     x = hidden_states.reshape(-1, hidden).contiguous()
     w = weight.to(x.dtype).reshape(1, hidden).contiguous()
-    rows, device_type = x.shape[0], x.device.type
+    rows, device_type = x.shape[0], _device_type(x)
     _, config = tile_config("rms_norm", rows, hidden)
     key = _kernel_key("rms_norm", config, rows, hidden, x.dtype, float(eps), device_type)
-    kernel = KERNELS.get(key, lambda: _build_rms_norm(rows, hidden, x.dtype, float(eps), config, device_type))
+    kernel = _kernel(
+        key, device_type, lambda: _build_rms_norm(rows, hidden, x.dtype, float(eps), config, device_type)
+    )
     out = _new_output(x)
-    with _quiet_stdout(device_type):
+    with _launching(x):
         kernel(x, w, out)
     return out.reshape(shape).to(out_dtype)
 
@@ -376,18 +421,20 @@ def _rotary(q, k, cos, sin):
     if cos.numel() != batch * seq * dim or cos.shape != sin.shape or cos.shape[-1] != dim:
         raise ValueError(f"pypto MRoPE kernel: cos {tuple(cos.shape)} does not fit q {tuple(q.shape)}")
     _check_half_blocks(dim, q.dtype, "pypto MRoPE kernel")
-    rows, device_type = batch * seq, q.device.type
+    rows, device_type = batch * seq, _device_type(q)
     _, config = tile_config("mrope", rows, dim)
     key = _kernel_key("mrope", config, rows, q_heads, k_heads, dim, q.dtype, cos.dtype, device_type)
-    kernel = KERNELS.get(
-        key, lambda: _build_mrope(rows, q_heads, k_heads, dim, q.dtype, cos.dtype, config, device_type)
+    kernel = _kernel(
+        key,
+        device_type,
+        lambda: _build_mrope(rows, q_heads, k_heads, dim, q.dtype, cos.dtype, config, device_type),
     )
     # [b, h, s, d] -> [b*s, h*d]: no copy when q/k are the transposed [b, s, h, d] projections they are
     q2 = q.transpose(1, 2).contiguous().reshape(rows, q_heads * dim)
     k2 = k.transpose(1, 2).contiguous().reshape(rows, k_heads * dim)
     cos2, sin2 = cos.contiguous().reshape(rows, dim), sin.contiguous().reshape(rows, dim)
     q_out, k_out = _new_output(q2), _new_output(k2)
-    with _quiet_stdout(device_type):
+    with _launching(q2):
         kernel(q2, k2, cos2, sin2, q_out, k_out)
     return (
         q_out.reshape(batch, seq, q_heads, dim).transpose(1, 2),
@@ -495,12 +542,17 @@ def _run_swiglu_mlp(hidden_states: torch.Tensor, gate_w, up_w, down_w) -> torch.
     shape, hidden = hidden_states.shape, hidden_states.shape[-1]
     x = hidden_states.reshape(-1, hidden).contiguous()
     tokens, inter = x.shape[0], gate_w.shape[0]
-    device_type = x.device.type
+    device_type = _device_type(x)
     _, config = tile_config("swiglu_mlp", tokens, hidden)
+    tile = config.row_tile
+    dims = {"gate/up": (tile, hidden, inter), "down": (tile, inter, hidden)}
+    tile_budget.check("swiglu_mlp", config, x.dtype.itemsize, dims)
     key = _kernel_key("swiglu_mlp", config, tokens, hidden, inter, x.dtype, device_type)
-    kernel = KERNELS.get(key, lambda: _build_swiglu_mlp(tokens, hidden, inter, x.dtype, config, device_type))
+    kernel = _kernel(
+        key, device_type, lambda: _build_swiglu_mlp(tokens, hidden, inter, x.dtype, config, device_type)
+    )
     out = _new_output(x)
-    with _quiet_stdout(device_type):
+    with _launching(x):
         kernel(x, gate_w, up_w, down_w, out)
     return out.reshape(shape)
 
@@ -536,15 +588,3 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """No PyPTO kernel for the activation alone (the MLP kernel fuses it with its matmuls): the fused
     torch path."""
     return fused.silu_and_mul(gate_up)
-
-
-BLOCK_ENTRIES = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_prologue_mixed")
-
-
-def __getattr__(name: str):
-    """The decoder-layer blocks' entries, from pypto_blocks (which imports this module's machinery)."""
-    if name in BLOCK_ENTRIES:
-        from . import pypto_blocks
-
-        return getattr(pypto_blocks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 + RMSNorm + SiLU MLP + residual; RMSNorm + q/k/v projections (with their biases) + MRoPE.
 
 They share pypto_kernels' machinery (the jit, the kernel cache and its stats, the interpreter hand-over, the
-in-kernel RMSNorm, rotation and SwiGLU); pypto_kernels hands their entries to the dispatcher.
+in-kernel RMSNorm, rotation and SwiGLU); pypto.py hands their entries to the dispatcher.
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
@@ -10,23 +10,25 @@ import weakref
 
 import torch
 
+from ..tiling import tile_budget
+from ..tiling.tile_table import TileConfig, tile_config
 from . import fused
 from .pypto_kernels import (
-    KERNELS,
     _check_half_blocks,
+    _device_type,
     _dtype,
     _jit,
+    _kernel,
     _kernel_key,
+    _launching,
     _new_output,
     _normed,
     _pypto,
-    _quiet_stdout,
     _rotated,
     _row_axis,
     _swiglu,
     _WeightLayouts,
 )
-from .tile_table import TileConfig, tile_config
 
 # --- decoder-layer blocks ----------------------------------------------------------------------------
 # Several of a layer's ops as one kernel each: residual add + RMSNorm; o_proj + residual + RMSNorm + SiLU
@@ -104,14 +106,16 @@ def residual_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
     shape, hidden = hidden_states.shape, hidden_states.shape[-1]
     x, r = _flat_rows(hidden_states, dtype), _flat_rows(residual, dtype)
     w = weight.to(dtype).reshape(1, hidden).contiguous()
-    rows, device_type = x.shape[0], x.device.type
+    rows, device_type = x.shape[0], _device_type(x)
     _, config = tile_config("residual_rms_norm", rows, hidden)
     key = _kernel_key("residual_rms_norm", config, rows, hidden, dtype, float(eps), device_type)
-    kernel = KERNELS.get(
-        key, lambda: _build_residual_rms_norm(rows, hidden, dtype, float(eps), config, device_type)
+    kernel = _kernel(
+        key,
+        device_type,
+        lambda: _build_residual_rms_norm(rows, hidden, dtype, float(eps), config, device_type),
     )
     normed, summed = _new_output(x), _new_output(x)
-    with _quiet_stdout(device_type):
+    with _launching(x):
         kernel(x, r, w, normed, summed)
     return normed.reshape(shape).to(torch.promote_types(dtype, weight.dtype)), summed.reshape(shape)
 
@@ -196,15 +200,23 @@ def mlp_block(
         _linear_weight(w, dtype) for w in (gate_weight, up_weight, down_weight, o_weight)
     )
     norm_w = norm_weight.to(dtype).reshape(1, hidden).contiguous()
-    rows, inter, device_type = res.shape[0], gate_w.shape[0], res.device.type
+    rows, inter, device_type = res.shape[0], gate_w.shape[0], _device_type(res)
     _, config = tile_config("mlp_block", rows, hidden)
+    tile, attn_width = config.row_tile, attn.shape[1]
+    dims = {
+        "o_proj": (tile, attn_width, hidden),
+        "gate/up": (tile, hidden, inter),
+        "down": (tile, inter, hidden),
+    }
+    tile_budget.check("mlp_block", config, dtype.itemsize, dims)
     key = _kernel_key("mlp_block", config, rows, hidden, attn.shape[1], inter, dtype, float(eps), device_type)
-    kernel = KERNELS.get(
+    kernel = _kernel(
         key,
+        device_type,
         lambda: _build_mlp_block(rows, hidden, attn.shape[1], inter, dtype, float(eps), config, device_type),
     )
     out, normed_buf, projected_buf = _new_output(res), _new_output(res), _new_output(res)
-    with _quiet_stdout(device_type):
+    with _launching(res):
         kernel(res, attn, o_w, norm_w, gate_w, up_w, down_w, out, normed_buf, projected_buf)
     return out.reshape(shape)
 
@@ -378,8 +390,11 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
         )
     x = hidden_states.reshape(rows, hidden).contiguous()
     cos2, sin2 = cos.contiguous().reshape(rows, head_dim), sin.contiguous().reshape(rows, head_dim)
-    q_heads, k_heads, device_type = q_width // head_dim, kv_width // head_dim, x.device.type
+    q_heads, k_heads, device_type = q_width // head_dim, kv_width // head_dim, _device_type(x)
     _, config = tile_config("attention_prologue", rows, hidden)
+    tile_budget.check(
+        "attention_prologue", config, dtype.itemsize, {"q/k/v": (config.row_tile, hidden, q_width)}
+    )
     key = _kernel_key(
         "attention_prologue",
         config,
@@ -393,15 +408,16 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
         float(eps),
         device_type,
     )
-    kernel = KERNELS.get(
+    kernel = _kernel(
         key,
+        device_type,
         lambda: _build_attention_prologue(
             rows, hidden, q_heads, k_heads, head_dim, dtype, cos.dtype, float(eps), config, device_type
         ),
     )
     q_out = _new_output(x.new_empty(rows, q_width))
     k_out, v_out = (_new_output(x.new_empty(rows, kv_width)) for _ in range(2))
-    with _quiet_stdout(device_type):
+    with _launching(x):
         kernel(
             x,
             weights[0],

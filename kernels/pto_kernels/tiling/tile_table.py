@@ -104,16 +104,18 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
     ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8, norm_one_task=False),
-    # 1 token: 222,652 cycles (1.19x its floor). cube_k (256, 1024) halves the L1 steps a tile takes
-    # (the SwiGLU kernel alone at these tiles: 171,700 vs 225,489 at the swiglu_mlp entry's). The o_proj is
-    # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
+    # 1 token: 221,539 cycles (1.19x its floor). Gate/up k [128, 1024] x n [128, 128]: 288 KiB of L1 and
+    # 32 KiB of L0B (room for a second tile); as shipped before, n [128, 256] needed 544 KiB of L1 (over the
+    # 512 KiB, refused by tile_budget) at 222,652; every matmul at k [256, 1024] x n [128, 128] 222,652, at
+    # k [128, 1024] 228,477 (tile_search.json). o_proj and down fill L0B: 2.6 % slower with room. The o_proj
+    # is subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
     # tasks of 14,386 unmerged). Before the o_proj output went through scratch: norm_rows 4 233,512, 8
     # 227,812
     ("mlp_block", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
-        cube_k=(256, 1024),
-        cube_n=(128, 256),
+        cube_k=(128, 1024),
+        cube_n=(128, 128),
         down_cube_k=(256, 1024),
         down_cube_n=(128, 128),
         proj_cube_k=(256, 1024),
@@ -132,6 +134,8 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
     ),
+    # 1 token: 33,269 cycles with L0B full (64 KiB); with room for a second tile, k [128, 1024]: 36,350,
+    # n [64, 128]: 55,898 (tile_search.json)
     ("attention_prologue", "decode", None): TileConfig(
         row_tile=16, norm_rows=8, cube_k=(256, 1024), cube_n=(128, 128)
     ),
@@ -146,9 +150,10 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
     # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
-    # 2048 -> 2048: 17,867 cycles (16 tasks); with the swiglu entry's (128, 512) tiles and L1 reuse 8:
-    # 96,992 (2 tasks); 64-column tiles: 25,519 (32 tasks, 2 waves). 2048 -> 256: 14,586
-    ("linear", "decode", None): TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 128)),
+    # 2048 -> 2048 / 2048 -> 256: 17,995 / 14,714 cycles with k [128, 1024], 32 KiB of L0B; with k
+    # [256, 1024] (L0B full) 17,867 / 14,586; with the swiglu entry's (128, 512) tiles and L1 reuse 8:
+    # 96,992 (2 tasks); 64-column tiles: 25,519 (32 tasks, 2 waves)
+    ("linear", "decode", None): TileConfig(row_tile=16, cube_k=(128, 1024), cube_n=(128, 128)),
 }
 
 
