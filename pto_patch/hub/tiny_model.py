@@ -1,6 +1,7 @@
 """Write a random-weight model folder of a spec's architecture, offline, for tests and the demo.
 
-The folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
+Each architecture family has its own hub layout (LAYOUTS): Qwen3-VL's lives in hub/tiny_qwen3_vl.py. For
+Qwen2.5-VL the folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
 `vision_config` nested, `rope_scaling: {"type": "mrope", ...}`), safetensors shards in the hub's
 legacy key layout (`model.layers.N...`, `visual.blocks.N...`, `lm_head` only where the spec unties it) with a
 `model.safetensors.index.json`, a small byte-level BPE tokenizer carrying the Qwen special tokens,
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
+from pto_patch.hub import tiny_qwen3_vl
 from pto_patch.model.spec import ModelSpec, load_spec
 from pto_patch.patching.patch_state import NONE, state_before_writing
 
@@ -119,10 +121,12 @@ class TinyModelResult:
     parameter_count: int
     full_width: bool
     layers: int
+    model: str = "gutenocr_3b"  # the spec it was built for
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path),
+            "model": self.model,
             "files": list(self.files),
             "parameter_count": self.parameter_count,
             "full_width": self.full_width,
@@ -144,11 +148,14 @@ class _Sizes:
     vision_hidden: int
     vision_intermediate: int
     vision_heads: int
-    fullatt_block_indexes: tuple[int, ...]
+    fullatt_block_indexes: tuple[int, ...] = ()  # Qwen2.5-VL's windowed vision tower
+    explicit_head_dim: int | None = None  # Qwen3-VL names head_dim (128 at hidden 2560 / 32 heads)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: vision layers feeding the first text layers
+    num_position_embeddings: int = 0  # Qwen3-VL's learned vision position table (a square number)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,9 @@ def _sizes(
         hidden = int(widths.hidden_size or text["hidden_size"])
         heads = int(widths.heads or text["num_attention_heads"])
         section = tuple(int(x) for x in text["mrope_section"])
-        if widths != TextWidths() and hidden % heads == 0:
+        explicit_head_dim = int(text["head_dim"]) if "head_dim" in text else None
+        blocks_key = LAYOUTS[spec.family.name].vision_blocks_key
+        if widths != TextWidths() and hidden % heads == 0 and explicit_head_dim is None:
             section = _section_for(section, hidden // heads, where)
         sizes = _Sizes(
             hidden=hidden,
@@ -207,7 +216,10 @@ def _sizes(
             vision_hidden=int(vision["hidden_size"]),
             vision_intermediate=int(vision["intermediate_size"]),
             vision_heads=int(vision["num_heads"]),
-            fullatt_block_indexes=tuple(int(x) for x in vision["fullatt_block_indexes"]),
+            fullatt_block_indexes=tuple(int(x) for x in (vision[blocks_key] if blocks_key else ())),
+            explicit_head_dim=explicit_head_dim,
+            deepstack_visual_indexes=tuple(int(x) for x in vision.get("deepstack_visual_indexes", ())),
+            num_position_embeddings=int(vision.get("num_position_embeddings", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
@@ -219,7 +231,7 @@ def _sizes(
             "pass --layers 1 or more",
             exit_code=EXIT_USAGE,
         )
-    if sizes.hidden % sizes.heads or sizes.heads % sizes.kv_heads:
+    if (sizes.explicit_head_dim is None and sizes.hidden % sizes.heads) or sizes.heads % sizes.kv_heads:
         raise SpecError(
             f"{where}: hidden_size {sizes.hidden}, {sizes.heads} heads, {sizes.kv_heads} kv heads: no fit",
             "pick head counts that divide hidden_size and each other",
@@ -236,6 +248,8 @@ def _sizes(
         )
     if any(i >= sizes.vision_depth for i in sizes.fullatt_block_indexes):
         raise SpecError(f"{where}: fullatt_block_indexes past the vision depth", "fix the spec")
+    if any(i >= sizes.vision_depth for i in sizes.deepstack_visual_indexes):
+        raise SpecError(f"{where}: deepstack_visual_indexes past the vision depth", "fix the spec")
     return sizes
 
 
@@ -270,7 +284,7 @@ def _build_tokenizer():
     return tokenizer
 
 
-def _tokenizer_config(token_ids: dict[str, int]) -> dict[str, Any]:
+def _tokenizer_config(token_ids: dict[str, int], processor_class: str) -> dict[str, Any]:
     added = {}
     for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS:
         added[str(token_ids[token])] = {
@@ -293,7 +307,7 @@ def _tokenizer_config(token_ids: dict[str, int]) -> dict[str, Any]:
         "errors": "replace",
         "model_max_length": 32768,
         "pad_token": "<|endoftext|>",
-        "processor_class": "Qwen2_5_VLProcessor",
+        "processor_class": processor_class,
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2TokenizerFast",
         "unk_token": None,
@@ -446,12 +460,12 @@ def _random_tensor(shape: tuple[int, ...], kind: str, generator):
 
 
 def _write_weights(
-    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool
+    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool, weights: Any = None
 ) -> tuple[list[str], int]:
     import torch
     from safetensors.torch import save_file
 
-    layout = list(_weight_layout(sizes, vocab_size, tied))
+    layout = list((weights or _weight_layout)(sizes, vocab_size, tied))
     bytes_per = 2  # bfloat16
     total_size = sum(math.prod(shape) * bytes_per for _, shape, _ in layout)
     names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
@@ -478,6 +492,34 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# --- layouts per family ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How make-tiny writes one family's hub checkpoint."""
+
+    config: Any  # (spec, sizes, vocab_size, token_ids) -> config.json
+    weights: Any  # (sizes, vocab_size, tied) -> (key, shape, kind) per tensor
+    preprocessor: Any  # () -> preprocessor_config.json
+    processor_class: str
+    vision_blocks_key: str  # the spec table's key for the vision tower's full-attention blocks ("": none)
+
+
+LAYOUTS = {
+    "qwen2_5_vl": _Layout(
+        _config, _weight_layout, _preprocessor_config, "Qwen2_5_VLProcessor", "fullatt_block_indexes"
+    ),
+    "qwen3_vl": _Layout(
+        tiny_qwen3_vl.config,
+        tiny_qwen3_vl.weight_layout,
+        tiny_qwen3_vl.preprocessor_config,
+        "Qwen3VLProcessor",
+        "",
+    ),
+}
+
+
 # --- entry point --------------------------------------------------------------------------------
 
 
@@ -488,6 +530,10 @@ class _Plan:
     tokenizer: Any
     token_ids: dict[str, int]
     vocab_size: int
+
+    @property
+    def layout(self) -> _Layout:
+        return LAYOUTS[self.spec.family.name]
 
 
 def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()) -> _Plan:
@@ -501,8 +547,11 @@ def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths =
 
 def model_config(model: str = "gutenocr_3b", full_width: bool = False, layers: int | None = None) -> dict:
     """The config.json that `make_tiny` writes for these options, without writing anything."""
-    plan = _plan(model, full_width, layers)
-    return _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids)
+    return model_config_of(_plan(model, full_width, layers))
+
+
+def model_config_of(plan: _Plan) -> dict:
+    return plan.layout.config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids)
 
 
 def weight_shapes(
@@ -510,7 +559,7 @@ def weight_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Hub key -> shape of every tensor `make_tiny` writes for these options, without drawing any."""
     plan = _plan(model, full_width, layers)
-    layout = _weight_layout(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
+    layout = plan.layout.weights(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
     return {key: shape for key, shape, _ in layout}
 
 
@@ -548,13 +597,15 @@ def make_tiny(
         raise ModelFolderError(f"cannot create {folder}: {exc.strerror}", "pick a writable folder") from exc
 
     plan.tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
-    _write_json(folder / "tokenizer_config.json", _tokenizer_config(plan.token_ids))
+    _write_json(
+        folder / "tokenizer_config.json", _tokenizer_config(plan.token_ids, plan.layout.processor_class)
+    )
     _write_json(folder / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(folder / "config.json", _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids))
+    _write_json(folder / "config.json", model_config_of(plan))
     _write_json(folder / "generation_config.json", _generation_config(plan.token_ids))
-    _write_json(folder / "preprocessor_config.json", _preprocessor_config())
+    _write_json(folder / "preprocessor_config.json", plan.layout.preprocessor())
     weight_files, parameters = _write_weights(
-        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings
+        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings, plan.layout.weights
     )
 
     files = (
@@ -572,4 +623,5 @@ def make_tiny(
         parameter_count=parameters,
         full_width=full_width,
         layers=plan.sizes.layers,
+        model=plan.spec.name,
     )
