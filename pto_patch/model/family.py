@@ -18,7 +18,9 @@ class Family:
     name: str  # the transformers model directory and config.json's model_type, e.g. "qwen3_vl"
     title: str  # how people write it, e.g. "Qwen3-VL"
     generation_class: str  # the stock class `AutoModelForImageTextToText` loads, before renaming
-    first_release: str  # the first transformers release with models/<name>
+    # the first transformers release pto-patch patches the family on (the release matrix starts at 4.57;
+    # Qwen3-VL's models/qwen3_vl first shipped in it)
+    supported_from: str
     # True: config.json keeps the text widths and rope dict under `text_config` (Qwen3-VL's hub layout);
     # False: at the top level, as Qwen2.5-VL's hub checkpoints do
     nested_text_config: bool = False
@@ -31,13 +33,13 @@ FAMILIES: dict[str, Family] = {
         name="qwen2_5_vl",
         title="Qwen2.5-VL",
         generation_class="Qwen2_5_VLForConditionalGeneration",
-        first_release="4.49",
+        supported_from="4.57",
     ),
     "qwen3_vl": Family(
         name="qwen3_vl",
         title="Qwen3-VL",
         generation_class="Qwen3VLForConditionalGeneration",
-        first_release="4.57",
+        supported_from="4.57",
         nested_text_config=True,
         refused_ops={
             "attention_prologue": (
