@@ -11,11 +11,12 @@ learned position embeddings, and one "deepstack" merger per entry of `deepstack_
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pto_patch.hub.tiny_model import _Sizes
-    from pto_patch.model.spec import ModelSpec
+from pto_patch.model.spec import ModelSpec
+
+# `sizes` below is tiny_model's _Sizes (the widths of one build); named by duck type, since tiny_model
+# imports this module.
 
 PATCH_SIZE = 16
 SPATIAL_MERGE = 2
@@ -29,7 +30,7 @@ ROPE_THETA = 5000000.0
 VISION_ACT = "gelu_pytorch_tanh"
 
 
-def config(spec: ModelSpec, sizes: _Sizes, vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
+def config(spec: ModelSpec, sizes: Any, vocab_size: int, token_ids: dict[str, int]) -> dict[str, Any]:
     tied = spec.tie_word_embeddings
     text = {
         "attention_bias": False,
@@ -110,7 +111,7 @@ def preprocessor_config() -> dict[str, Any]:
     }
 
 
-def weight_layout(sizes: _Sizes, vocab_size: int, tied: bool) -> Iterator[tuple[str, tuple[int, ...], str]]:
+def weight_layout(sizes: Any, vocab_size: int, tied: bool) -> Iterator[tuple[str, tuple[int, ...], str]]:
     """(checkpoint key, shape, kind) for every tensor, in the order the stock model's state dict lists them."""
     h, hd = sizes.hidden, sizes.head_dim
     q, kv = sizes.heads * hd, sizes.kv_heads * hd
