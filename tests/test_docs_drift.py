@@ -34,6 +34,7 @@ DOCS = (
     SKILL / "references" / "layout.md",
     SKILL / "references" / "json-schemas.md",
     REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
 )
 PROG = "pto-patch"
 ERROR_CLASSES = {
