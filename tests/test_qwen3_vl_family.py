@@ -53,6 +53,19 @@ engine.apply_patch(model_path=folder, model=model, ops="all")
 manifest = Manifest.load(folder)
 facts["manifest_release"], facts["ops"] = manifest.transformers_release, list(manifest.ops)
 config = json.loads((folder / "config.json").read_text())["text_config"]
+import ast, importlib.util
+
+
+def classes(path):
+    return {node.name for node in ast.walk(ast.parse(Path(path).read_text())) if isinstance(node, ast.ClassDef)}
+
+
+stock_dir = Path(importlib.util.find_spec("transformers.models.qwen3_vl").submodule_search_locations[0])
+stock_names = classes(stock_dir / "modeling_qwen3_vl.py") | classes(stock_dir / "configuration_qwen3_vl.py")
+written = classes(folder / "modeling_qwen3_vl.py") | classes(folder / "configuration_qwen3_vl.py")
+facts["classes_sharing_a_transformers_name"] = sorted(
+    name for name in written if name in stock_names or hasattr(transformers, name)
+)
 
 from transformers import AutoModelForImageTextToText, Qwen3VLForConditionalGeneration
 
@@ -188,6 +201,7 @@ def test_apply_takes_the_release_source_and_loads_every_weight(family_run):
     assert facts["class"] == "Qwen3Vl4BInstructForConditionalGeneration"
     assert facts["module"].startswith("transformers_modules.")
     assert facts["missing"] == [] and facts["unexpected"] == []
+    assert facts["classes_sharing_a_transformers_name"] == []
 
 
 @pytest.mark.parametrize("inputs", ["text", "image"])
@@ -229,3 +243,64 @@ def test_verify_with_every_op_passes_on_an_image(family_run):
 def test_restore_gives_back_the_folder_byte_for_byte(family_run):
     release, facts = family_run
     assert facts["after"] == facts["before"], release
+
+
+# --- what the family refuses, and a release without it -------------------------------------------------
+
+
+def run_cli(*args: str) -> int:
+    from pto_patch.cli.app import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+def test_attention_prologue_is_refused_with_its_reason(tmp_path: Path, capsys):
+    from pto_patch.hub.tiny_model import make_tiny
+
+    folder = make_tiny(tmp_path / "tiny", model=MODEL, layers=1).path
+    before = snapshot(folder)
+    assert run_cli("apply", "--model", MODEL, "--model-path", str(folder), "--ops", "attention_prologue") == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "attention_prologue is not available for Qwen3-VL" in lines[0], lines
+    assert "q_norm" in lines[0] and lines[1].startswith("hint: leave it out")
+    assert snapshot(folder) == before
+
+
+def test_a_spec_naming_a_refused_op_or_an_unknown_family_is_a_spec_error(tmp_path: Path):
+    from pto_patch.errors import SpecError
+    from pto_patch.model.spec import load_spec, specs_dir
+
+    data = json.loads((specs_dir() / f"{MODEL}.json").read_text())
+    cases = {
+        "refused": {"injections": {**data["injections"], "attention_prologue": {
+            "switch": "USE_PTO_ATTENTION_PROLOGUE", "classes": ["Qwen3VLTextDecoderLayer"]}}},
+        "unknown family": {"family": "qwen4_vl"},
+        "family in another directory": {"transformers_model_dir": "qwen2_5_vl"},
+    }  # fmt: skip
+    messages = {}
+    for name, change in cases.items():
+        path = tmp_path / f"{name.replace(' ', '_')}.json"
+        path.write_text(json.dumps({**data, **change}))
+        with pytest.raises(SpecError) as raised:
+            load_spec(str(path))
+        messages[name] = raised.value.message
+    assert "cannot take 'attention_prologue'" in messages["refused"]
+    assert "unknown family 'qwen4_vl'" in messages["unknown family"]
+    assert "lives in transformers' models/qwen3_vl" in messages["family in another directory"]
+
+
+def test_a_release_without_the_family_names_the_family_and_the_release(tmp_path: Path, monkeypatch):
+    from pto_patch.errors import SourceNotFoundError
+    from pto_patch.model import locate
+    from pto_patch.model.spec import load_spec
+
+    package = tmp_path / "site" / "transformers"
+    (package / "models" / "qwen2_5_vl").mkdir(parents=True)  # an older release: Qwen2.5-VL only
+    monkeypatch.setattr(locate, "installed_transformers_dir", lambda: package)
+    monkeypatch.setattr(locate, "installed_transformers_release", lambda: "4.52.4")
+    with pytest.raises(SourceNotFoundError) as raised:
+        locate.locate_sources(tmp_path / "model", load_spec(MODEL))
+    assert "transformers 4.52.4 has no Qwen3-VL" in raised.value.message
+    assert "transformers>=4.57" in raised.value.hint
