@@ -94,7 +94,8 @@ class _PointBuilderCalls(cst.CSTTransformer):
 
 class SubModelFromConfig:
     def transform(self, module: cst.Module, ctx: PatchContext, file_name: str) -> cst.Module:
-        if not find_all(module, is_builder_call):
+        done = any(isinstance(s, cst.FunctionDef) and s.name.value == BUILD_FUNCTION for s in module.body)
+        if done or not find_all(module, is_builder_call):
             return module
         pairs = sub_models(module)
         if not pairs:
