@@ -188,6 +188,11 @@ def test_weight_shapes_match_the_stock_model_built_from_the_config(name: str, fu
 def test_full_width_config_has_the_checkpoints_widths(name: str) -> None:
     config, expected = model_config(name, full_width=True), EXPECTED[name]
     assert config["vision_config"]["out_hidden_size"] == expected["hidden"]
+    # every vision value the checkpoint records and make-tiny writes is the checkpoint's
+    recorded = load_spec(name).checkpoint["vision"]
+    differ = {key: (config["vision_config"][key], value) for key, value in recorded.items()
+              if key in config["vision_config"] and config["vision_config"][key] != value}  # fmt: skip
+    assert differ == {}, f"{name}: full-width vision (written, checkpoint): {differ}"
     config = {**text_of(config), "tie_word_embeddings": config["tie_word_embeddings"]}
     assert (config["hidden_size"], config["intermediate_size"]) == (
         expected["hidden"],

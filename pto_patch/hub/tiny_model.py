@@ -203,6 +203,7 @@ def _sizes(
         section = tuple(int(x) for x in text["mrope_section"])
         explicit_head_dim = int(text["head_dim"]) if "head_dim" in text else None
         blocks_key = LAYOUTS[spec.family.name].vision_blocks_key
+        positions_key = LAYOUTS[spec.family.name].vision_positions_key
         if widths != TextWidths() and hidden % heads == 0 and explicit_head_dim is None:
             section = _section_for(section, hidden // heads, where)
         sizes = _Sizes(
@@ -219,7 +220,7 @@ def _sizes(
             fullatt_block_indexes=tuple(int(x) for x in (vision[blocks_key] if blocks_key else ())),
             explicit_head_dim=explicit_head_dim,
             deepstack_visual_indexes=tuple(int(x) for x in vision.get("deepstack_visual_indexes", ())),
-            num_position_embeddings=int(vision.get("num_position_embeddings", 0)),
+            num_position_embeddings=int(vision[positions_key]) if positions_key else 0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
@@ -250,6 +251,14 @@ def _sizes(
         raise SpecError(f"{where}: fullatt_block_indexes past the vision depth", "fix the spec")
     if any(i >= sizes.vision_depth for i in sizes.deepstack_visual_indexes):
         raise SpecError(f"{where}: deepstack_visual_indexes past the vision depth", "fix the spec")
+    side = math.isqrt(sizes.num_position_embeddings)
+    if LAYOUTS[spec.family.name].vision_positions_key and (
+        side < 1 or side * side != sizes.num_position_embeddings
+    ):
+        raise SpecError(
+            f"{where}: num_position_embeddings {sizes.num_position_embeddings} is not a positive square",
+            "the vision position table is a square grid (Qwen3-VL's: 2304 = 48 x 48)",
+        )
     return sizes
 
 
@@ -504,6 +513,7 @@ class _Layout:
     preprocessor: Any  # () -> preprocessor_config.json
     processor_class: str
     vision_blocks_key: str  # the spec table's key for the vision tower's full-attention blocks ("": none)
+    vision_positions_key: str = ""  # the spec table's key for a learned vision position table ("": none)
 
 
 LAYOUTS = {
@@ -516,6 +526,7 @@ LAYOUTS = {
         tiny_qwen3_vl.preprocessor_config,
         "Qwen3VLProcessor",
         "",
+        "num_position_embeddings",
     ),
 }
 
