@@ -245,6 +245,32 @@ def test_restore_gives_back_the_folder_byte_for_byte(family_run):
     assert facts["after"] == facts["before"], release
 
 
+# --- the family's other shipped specs, on the venv's release ---------------------------------------------
+
+OTHER_SPECS = ("qwen3_vl_2b_instruct", "qwen3_vl_8b_instruct", "chandra")
+
+
+@pytest.mark.parametrize("model", OTHER_SPECS)
+def test_each_shipped_spec_loads_every_weight_and_computes_the_stock_logits(model: str, tmp_path: Path):
+    done = run(
+        ["-c", LOAD_AND_COMPARE, model, str(tmp_path / model)], environment(INSTALLED, tmp_path), tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (
+        facts["missing"] == []
+        and facts["unexpected"] == []
+        and facts["classes_sharing_a_transformers_name"] == []
+    )
+    for inputs in ("text", "image"):
+        result = facts[inputs]
+        assert result["logit_std"] > 0.1 and result["max_diff_off"] == 0.0, (model, inputs, result)
+        for group in ("reference", "blocks", "residual"):
+            assert result[group]["max_diff_on"] < 1e-4, (model, inputs, group, result[group])
+            assert all(count > 0 for count in result[group]["calls"].values()), (model, inputs, result[group])
+    assert facts["text"]["reference"]["calls"]["rms_norm"] == 4 * facts["layers"] + 1
+
+
 # --- what the family refuses, and a release without it -------------------------------------------------
 
 
