@@ -1,6 +1,6 @@
 """Kernels per decode step: how many launches one generated token costs, baseline against PTO mode.
 
-    python benchmarks/bench_launches.py [--layers 2,36] [--backend fused|npu] [--json out.json]
+    python benchmarks/bench_launches.py [--model qwen3_vl_4b_instruct] [--layers 2,36] [--backend fused|npu] [--json out.json]
 
 For each layer count, builds `make-tiny --layers N` (random weights, the spec's narrow test widths: what
 is counted does not depend on the widths), applies the patch, loads the model as users do (transformers'
@@ -11,6 +11,8 @@ dispatches, under a `TorchDispatchMode`, in each mode:
 - blocks: attention_prologue and mlp_block on (with rms_norm for the final norm): a decoder layer is the
   prologue, the attention core and the MLP block;
 - residual: residual_rms_norm alone.
+A family whose spec refuses attention_prologue (Qwen3-VL: its q/k norms sit inside the prologue) counts
+blocks as mrope and mlp_block on (with rms_norm for the input, q/k and final norms).
 The pto_kernels ops run as custom ops, as a compiled or captured model launches them (the eager
 wrappers call their bodies directly): the counter sees each one once, as one kernel, and not the ops
 inside it. Two counts per mode: every aten op dispatched, and kernels, the ops that are not views (a view
@@ -49,7 +51,16 @@ STAND_INS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
 NPU_WIDTHS = {"hidden_size": 256, "heads": 2}  # head_dim 128: mrope_section [16, 24, 24]
 
 
-def count_decode_step(folder: Path, backend: str = "fused") -> dict[str, dict]:
+def modes_for(injections) -> dict[str, tuple[str, ...]]:
+    """MODES for a spec's injections: without attention_prologue, blocks keeps the layer's own norms and MRoPE."""
+    if "attention_prologue" in injections:
+        return dict(MODES)
+    return {**MODES, "blocks": ("rms_norm", "mrope", "mlp_block")}
+
+
+def count_decode_step(
+    folder: Path, modes: dict[str, tuple[str, ...]] = MODES, backend: str = "fused"
+) -> dict[str, dict]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import AutoModelForImageTextToText
@@ -95,7 +106,7 @@ def count_decode_step(folder: Path, backend: str = "fused") -> dict[str, dict]:
         pto_kernels._tracing = lambda: True  # the custom ops, as a compiled or captured model calls them
     prompt = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
     results = {}
-    for mode, ops in MODES.items():
+    for mode, ops in modes.items():
         with torch.no_grad(), pto_kernels.enabled(ops, backend=backend):
             out = model(input_ids=prompt, use_cache=True)
             step = out.logits[:, -1:].argmax(-1)
@@ -130,6 +141,7 @@ def count_decode_step(folder: Path, backend: str = "fused") -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gutenocr_3b", help="a built-in spec's name or a spec file")
     parser.add_argument("--layers", default="2,36", help="comma list of decoder layer counts")
     parser.add_argument(
         "--backend", choices=("fused", "npu"), default="fused", help="the pto_kernels backend"
@@ -139,17 +151,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))
     from pto_patch.hub import tiny_model
+    from pto_patch.model.spec import load_spec
     from pto_patch.patching import engine
 
     widths = tiny_model.TextWidths(**NPU_WIDTHS) if args.backend == "npu" else tiny_model.TextWidths()
-
+    modes = modes_for(load_spec(args.model).injections)
     layers = sorted(int(n) for n in args.layers.split(","))
     counts = {}
     for n in layers:
         folder = work / f"layers-{n}"
-        tiny_model.make_tiny(folder, layers=n, widths=widths)
-        engine.apply_patch(model_path=folder)
-        counts[n] = count_decode_step(folder, args.backend)
+        tiny_model.make_tiny(folder, model=args.model, layers=n, widths=widths)
+        engine.apply_patch(model_path=folder, model=args.model)
+        counts[n] = count_decode_step(folder, modes, args.backend)
 
     print(
         f"{'layers':>6} {'mode':<10} {'aten+pto ops':>12} {'kernels':>8} {'x baseline':>10}  pto_kernels ops"
@@ -165,7 +178,7 @@ def main() -> None:
     if len(layers) > 1:
         low, high = layers[0], layers[-1]
         print(f"\nper decoder layer (layers {low} -> {high}):")
-        for mode in MODES:
+        for mode in modes:
             ops = (counts[high][mode]["ops"] - counts[low][mode]["ops"]) / (high - low)
             kernels = (counts[high][mode]["kernels"] - counts[low][mode]["kernels"]) / (high - low)
             per_layer[mode] = {"ops": ops, "kernels": kernels}

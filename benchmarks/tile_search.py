@@ -63,6 +63,16 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
         [{"rows": 2500, "width": 1280}],
         [TileConfig(row_tile=t) for t in (8, 12, 16)],
     ),
+    # Qwen3-VL's q_norm / k_norm: head_dim 128, a row per head (8 k rows at decode, 32 q rows at decode, tokens x
+    # 32 at prefill)
+    ("rms_norm", "decode", 128): (
+        [{"rows": 8, "width": 128}, {"rows": 16, "width": 128}],
+        [TileConfig(row_tile=t) for t in (1, 8, 16)],
+    ),
+    ("rms_norm", "prefill", 128): (
+        [{"rows": 256, "width": 128}, {"rows": 2048, "width": 128}],
+        [TileConfig(row_tile=t) for t in (8, 32, 64, 128)],
+    ),
     ("mrope", "decode", None): (
         [{"rows": 1}, {"rows": 16}],
         [TileConfig(row_tile=t) for t in (1, 4, 16)] + [TileConfig(row_tile=1, static=True)],

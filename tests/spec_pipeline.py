@@ -64,7 +64,7 @@ def apply_verify_restore(
     before = snapshot(folder)
     assert run_in_process("apply", "--model", model, "--model-path", str(folder)) == 0
     modeling = (folder / spec.modeling_file).read_text(encoding="utf-8")
-    assert f"class {spec.renamed('Qwen2_5_VLForConditionalGeneration')}(" in modeling
+    assert f"class {spec.renamed(spec.family.generation_class)}(" in modeling
     done = run_in_fresh_process(
         [
             "verify",

@@ -56,7 +56,7 @@ def test_one_renderer_knows_every_command_result():
     from pto_patch.hub import download, tiny_model
     from pto_patch.model import catalog as model_catalog
     from pto_patch.patching import engine
-    from pto_patch.run import report
+    from pto_patch.run import doctor, ocr_report, report
     from pto_patch.serving import vllm_verify
 
     results = (
@@ -71,6 +71,9 @@ def test_one_renderer_knows_every_command_result():
         report.BenchResult,
         report.DemoResult,
         report.TuneResult,
+        ocr_report.OcrVerifyReport,
+        ocr_report.PageBenchResult,
+        doctor.DoctorReport,
         vllm_verify.VllmVerifyReport,
     )
     assert set(render.TEXT) == {result.__name__ for result in results}

@@ -199,6 +199,7 @@ def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: 
         [
             *HELP_MODULES,
             "pto_patch.model",
+            "pto_patch.model.family",
             "pto_patch.model.locate",
             "pto_patch.model.spec",
             "pto_patch.resources",

@@ -1,6 +1,6 @@
-"""The README's claim, tested: another Qwen2.5-VL fine-tune is supported by a spec file alone.
+"""The README's claim, tested: another Qwen2.5-VL or Qwen3-VL fine-tune is supported by a spec file alone.
 
-The spec below describes a made-up fine-tune with its own class prefix, widths, head layout, hub id
+Each spec below describes a made-up fine-tune with its own class prefix, widths, head layout, hub id
 and folder variable. It lives outside pto-patch (in the test's temporary folder) and is passed to every
 command by path; nothing in pto-patch names it.
 """
@@ -117,3 +117,82 @@ def test_the_made_up_spec_is_listed_by_models(spec_file: Path, capsys) -> None:
     (entry,) = json.loads(capsys.readouterr().out)["models"]
     assert entry["name"] == "acme_receipts_ocr" and entry["class_prefixes"][-1] == PREFIX
     assert load_spec(str(spec_file)).renamed("Qwen2MLP") == f"{PREFIX}MLP"
+
+
+QWEN3_PREFIX = "AcmeLedgers"
+# A made-up Qwen3-VL fine-tune: widths, heads (6 over 2 kv heads of head_dim 48), MRoPE section, vision depth
+# and deepstack layers no built-in spec has, its own lm_head.
+MADE_UP_QWEN3_VL_SPEC = {
+    "name": "acme_ledgers_ocr",
+    "description": "a made-up ledger-reading fine-tune of Qwen3-VL, for the spec-only test",
+    "hub_repo_id": "acme-example/ledgers-ocr",
+    "model_path_env": "ACME_LEDGERS_MODEL_PATH",
+    "sources": [{"url": "https://example.invalid/acme/ledgers-ocr", "what": "invented for this test"}],
+    "family": "qwen3_vl",
+    "model_type": "qwen3_vl",
+    "transformers_model_dir": "qwen3_vl",
+    "modeling_file": "modeling_qwen3_vl.py",
+    "configuration_file": "configuration_qwen3_vl.py",
+    "class_renames": [
+        ["Qwen3VL", QWEN3_PREFIX],
+        ["BaseModelOutputWithDeepstack", f"{QWEN3_PREFIX}DeepstackOutput"],
+    ],
+    "auto_map": {
+        "AutoConfig": "configuration_qwen3_vl.Qwen3VLConfig",
+        "AutoModel": "modeling_qwen3_vl.Qwen3VLModel",
+        "AutoModelForCausalLM": "modeling_qwen3_vl.Qwen3VLForConditionalGeneration",
+        "AutoModelForImageTextToText": "modeling_qwen3_vl.Qwen3VLForConditionalGeneration",
+    },
+    "injections": {
+        "rms_norm": {"switch": "USE_PTO_RMS_NORM", "classes": ["Qwen3VLTextRMSNorm"]},
+        "swiglu_mlp": {"switch": "USE_PTO_SWIGLU_MLP", "classes": ["Qwen3VLTextMLP"]},
+        "mrope": {"switch": "USE_PTO_MROPE", "functions": ["apply_rotary_pos_emb"]},
+    },
+    "mrope_section": [8, 8, 8],
+    "tie_word_embeddings": False,
+    "tiny": {
+        "text": {
+            "hidden_size": 96,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 6,
+            "num_key_value_heads": 2,
+            "head_dim": 48,
+            "mrope_section": [8, 8, 8],
+        },
+        "vision": {
+            "depth": 3,
+            "hidden_size": 48,
+            "intermediate_size": 80,
+            "num_heads": 4,
+            "deepstack_visual_indexes": [1, 2],
+            "num_position_embeddings": 144,
+        },
+    },
+}
+
+
+def test_a_new_qwen3_vl_fine_tune_by_spec_file_alone(tmp_path: Path, capsys) -> None:
+    spec_file = tmp_path / "specs" / "acme_ledgers_ocr.json"
+    spec_file.parent.mkdir()
+    spec_file.write_text(json.dumps(MADE_UP_QWEN3_VL_SPEC, indent=2), encoding="utf-8")
+    assert MADE_UP_QWEN3_VL_SPEC["name"] not in known_specs()
+    model, folder = str(spec_file), tmp_path / "ledgers-ocr"
+
+    assert run_in_process("make-tiny", str(folder), "--model", model) == 0
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    assert (
+        text["hidden_size"],
+        text["num_attention_heads"],
+        text["num_key_value_heads"],
+        text["head_dim"],
+    ) == (
+        96,
+        6,
+        2,
+        48,
+    )
+    report = apply_verify_restore(model, folder, tmp_path, ["--dtype", "fp32"], capsys=capsys)
+    assert set(report["switched_on"]) == {"rms_norm", "mrope", "swiglu_mlp"}
+    assert report["load_info"]["lm_head_tied"] is None
+    assert load_spec(model).renamed("Qwen3VLTextRMSNorm") == f"{QWEN3_PREFIX}TextRMSNorm"

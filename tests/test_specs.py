@@ -25,7 +25,14 @@ NEW_SPECS = (
     "nanonets_ocr_s",
     "olmocr_2_7b",
 )
-SPECS = ("gutenocr_3b", *NEW_SPECS)
+QWEN3_VL_SPECS = ("qwen3_vl_2b_instruct", "qwen3_vl_4b_instruct", "qwen3_vl_8b_instruct", "chandra")
+SPECS = ("gutenocr_3b", *NEW_SPECS, *QWEN3_VL_SPECS)
+# Per family: the checkpoints' MRoPE section and the stock classes make-tiny's shapes are checked against.
+SECTIONS = {"qwen2_5_vl": [16, 24, 24], "qwen3_vl": [24, 20, 20]}
+STOCK = {
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+}
 # What each checkpoint's public config.json says (see the spec's `sources`): text widths, heads, lm_head.
 WIDTHS_3B = {"hidden": 2048, "intermediate": 11008, "heads": 16, "kv_heads": 2, "layers": 36, "tied": True}
 WIDTHS_7B = {"hidden": 3584, "intermediate": 18944, "heads": 28, "kv_heads": 4, "layers": 28, "tied": False}
@@ -36,7 +43,45 @@ EXPECTED = {
     "gutenocr_7b": WIDTHS_7B,
     "qwen2_5_vl_7b_instruct": WIDTHS_7B,
     "olmocr_2_7b": WIDTHS_7B,
+    # Qwen3-VL (head_dim 128 in every one; see the specs' sources and disagreements)
+    "qwen3_vl_2b_instruct": {
+        "hidden": 2048,
+        "intermediate": 6144,
+        "heads": 16,
+        "kv_heads": 8,
+        "layers": 28,
+        "tied": True,
+    },
+    "qwen3_vl_4b_instruct": {
+        "hidden": 2560,
+        "intermediate": 9728,
+        "heads": 32,
+        "kv_heads": 8,
+        "layers": 36,
+        "tied": True,
+    },
+    "qwen3_vl_8b_instruct": {
+        "hidden": 4096,
+        "intermediate": 12288,
+        "heads": 32,
+        "kv_heads": 8,
+        "layers": 36,
+        "tied": False,
+    },
+    "chandra": {
+        "hidden": 4096,
+        "intermediate": 12288,
+        "heads": 32,
+        "kv_heads": 8,
+        "layers": 36,
+        "tied": False,
+    },
 }
+
+
+def text_of(config: dict) -> dict:
+    """config.json's text widths: at the top level (Qwen2.5-VL's hub layout) or under text_config (Qwen3-VL's)."""
+    return config.get("text_config", config)
 
 
 def run_cli(*args: str) -> int:
@@ -45,14 +90,16 @@ def run_cli(*args: str) -> int:
     return exit_info.value.code
 
 
-def hub_keys(model, tied: bool) -> dict[str, tuple[int, ...]]:
-    """The stock model's state dict in the hub's legacy key layout, a tied lm_head left out."""
+def hub_keys(model, tied: bool, legacy: bool = True) -> dict[str, tuple[int, ...]]:
+    """The stock model's state dict in the hub's key layout (Qwen2.5-VL's legacy one where `legacy`; Qwen3-VL's
+    checkpoints use the module keys themselves), a tied lm_head left out."""
     expected = {}
     for key, tensor in model.state_dict().items():
         if key == "lm_head.weight" and tied:
             continue
-        key = re.sub(r"^model\.language_model\.", "model.", key)
-        key = re.sub(r"^model\.visual\.", "visual.", key)
+        if legacy:
+            key = re.sub(r"^model\.language_model\.", "model.", key)
+            key = re.sub(r"^model\.visual\.", "visual.", key)
         expected[key] = tuple(tensor.shape)
     return expected
 
@@ -76,7 +123,9 @@ def test_spec_records_the_checkpoints_public_config(name: str) -> None:
     assert text["num_hidden_layers"] == expected["layers"]
     assert spec.tie_word_embeddings is text["tie_word_embeddings"] is expected["tied"]
     assert vision["out_hidden_size"] == text["hidden_size"]
-    assert list(spec.mrope_section) == text["mrope_section"] == [16, 24, 24]
+    assert list(spec.mrope_section) == text["mrope_section"] == SECTIONS[spec.family.name]
+    if spec.family.name == "qwen3_vl":  # head_dim is its own number there, not hidden / heads
+        assert text["head_dim"] == 128 == 2 * sum(text["mrope_section"])
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -89,7 +138,7 @@ def test_full_width_shapes_are_the_checkpoints(name: str) -> None:
         assert vision[key] == value, f"{name}: full_width.vision.{key} {value} != checkpoint {vision[key]}"
 
 
-@pytest.mark.parametrize("name", NEW_SPECS)  # gutenocr_3b's tiny model (4 / 2 heads) predates this rule
+@pytest.mark.parametrize("name", NEW_SPECS + QWEN3_VL_SPECS)  # gutenocr_3b's (4 / 2 heads) predates this rule
 def test_tiny_shapes_keep_the_head_layout(name: str) -> None:
     spec = load_spec(name)
     tiny, full = spec.tiny["text"], spec.checkpoint["text"]
@@ -113,25 +162,38 @@ def test_specs_do_not_share_folder_variables_hub_ids_or_class_prefixes() -> None
         assert len(set(values)) == len(values), attribute
     prefixes = [new for spec in specs for _, new in spec.class_renames]
     assert len(set(prefixes)) == len(prefixes)
-    assert not any(prefix.startswith("Qwen2") for prefix in prefixes)
+    assert not any(prefix.startswith(("Qwen2", "Qwen3VL")) for prefix in prefixes)
 
 
 # --- make-tiny at each spec's widths ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("full_width", [False, True])
-@pytest.mark.parametrize("name", NEW_SPECS)
+@pytest.mark.parametrize("name", NEW_SPECS + QWEN3_VL_SPECS)
 def test_weight_shapes_match_the_stock_model_built_from_the_config(name: str, full_width: bool) -> None:
+    family = load_spec(name).family.name
+    config_class, model_class = (getattr(transformers, cls) for cls in STOCK[family])
     written = model_config(name, full_width=full_width, layers=1)
     with torch.device("meta"):
-        model = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(**written))
-    expected = hub_keys(model, tied=written["tie_word_embeddings"])
-    assert weight_shapes(name, full_width=full_width, layers=1) == expected
+        model = model_class(config_class(**written))
+    expected = hub_keys(model, tied=written["tie_word_embeddings"], legacy=family == "qwen2_5_vl")
+    shapes = weight_shapes(name, full_width=full_width, layers=1)
+    assert shapes == expected
+    if family == "qwen3_vl":  # the q / k norms run at the checkpoint's head_dim
+        q_norm = shapes["model.language_model.layers.0.self_attn.q_norm.weight"]
+        assert q_norm == ((128,) if full_width else (text_of(written)["head_dim"],))
 
 
-@pytest.mark.parametrize("name", NEW_SPECS)
+@pytest.mark.parametrize("name", NEW_SPECS + QWEN3_VL_SPECS)
 def test_full_width_config_has_the_checkpoints_widths(name: str) -> None:
     config, expected = model_config(name, full_width=True), EXPECTED[name]
+    assert config["vision_config"]["out_hidden_size"] == expected["hidden"]
+    # every vision value the checkpoint records and make-tiny writes is the checkpoint's
+    recorded = load_spec(name).checkpoint["vision"]
+    differ = {key: (config["vision_config"][key], value) for key, value in recorded.items()
+              if key in config["vision_config"] and config["vision_config"][key] != value}  # fmt: skip
+    assert differ == {}, f"{name}: full-width vision (written, checkpoint): {differ}"
+    config = {**text_of(config), "tie_word_embeddings": config["tie_word_embeddings"]}
     assert (config["hidden_size"], config["intermediate_size"]) == (
         expected["hidden"],
         expected["intermediate"],
@@ -141,7 +203,6 @@ def test_full_width_config_has_the_checkpoints_widths(name: str) -> None:
         expected["kv_heads"],
     )
     assert config["tie_word_embeddings"] is expected["tied"]
-    assert config["vision_config"]["out_hidden_size"] == expected["hidden"]
     assert config["num_hidden_layers"] == 2
 
 

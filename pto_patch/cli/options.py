@@ -17,7 +17,7 @@ from pto_patch.cli.values import PlainValuesGroup
 app = typer.Typer(
     cls=PlainValuesGroup,
     name="pto-patch",
-    help="Patch Qwen2.5-VL models (GutenOCR-3B) so RMSNorm, MRoPE and the SwiGLU MLP dispatch to "
+    help="Patch Qwen2.5-VL and Qwen3-VL models (GutenOCR-3B, Chandra) so RMSNorm, MRoPE and the SwiGLU MLP dispatch to "
     "fused PyPTO kernels; verify it, and restore every byte.",
     no_args_is_help=True,
     add_completion=False,

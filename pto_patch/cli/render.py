@@ -177,7 +177,8 @@ def _models_text(result) -> None:
         spec, shape = entry.spec, entry.to_json()["checkpoint"]
         where = "" if spec.builtin else f"  [{spec.source_path}]"
         out.print(
-            f"[bold]{spec.name}[/]  {spec.hub_repo_id}  (${spec.model_path_env}){where}", highlight=False
+            f"[bold]{spec.name}[/]  {spec.family.title}  {spec.hub_repo_id}  (${spec.model_path_env}){where}",
+            highlight=False,
         )
         out.print(f"  {spec.description}", highlight=False)
         if shape["hidden_size"]:
@@ -201,7 +202,8 @@ def _make_tiny_text(result) -> None:
         f"wrote a {width} random-weight model to {result.path}: {result.layers} decoder layer(s), "
         f"{result.parameter_count:,} parameters, {len(result.files)} files"
     )
-    out.print(f"  try: pto-patch apply --model-path {result.path}")
+    model = "" if result.model == "gutenocr_3b" else f" --model {result.model}"
+    out.print(f"  try: pto-patch apply{model} --model-path {result.path}")
 
 
 def _download_text(result) -> None:

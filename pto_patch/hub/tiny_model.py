@@ -1,6 +1,7 @@
 """Write a random-weight model folder of a spec's architecture, offline, for tests and the demo.
 
-The folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
+Each architecture family has its own hub layout (LAYOUTS): Qwen3-VL's lives in hub/tiny_qwen3_vl.py. For
+Qwen2.5-VL the folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
 `vision_config` nested, `rope_scaling: {"type": "mrope", ...}`), safetensors shards in the hub's
 legacy key layout (`model.layers.N...`, `visual.blocks.N...`, `lm_head` only where the spec unties it) with a
 `model.safetensors.index.json`, a small byte-level BPE tokenizer carrying the Qwen special tokens,
@@ -23,78 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
+from pto_patch.hub import tiny_qwen3_vl
+from pto_patch.hub.tiny_tokenizer import (
+    CHAT_TEMPLATE,
+    QWEN_ADDED_TOKENS,
+    QWEN_SPECIAL_TOKENS,
+    VOCAB_MULTIPLE,
+    build_tokenizer,
+    tokenizer_config,
+)
 from pto_patch.model.spec import ModelSpec, load_spec
 from pto_patch.patching.patch_state import NONE, state_before_writing
-
-# The Qwen2 special tokens in the order Qwen's vocabulary appends them after the BPE tokens.
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-# Added as ordinary (non-special) added tokens, as in Qwen's tokenizer.
-QWEN_ADDED_TOKENS = (
-    "<tool_call>",
-    "</tool_call>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|fim_pad|>",
-    "<|repo_name|>",
-    "<|file_sep|>",
-)
-
-# Qwen2's pre-tokenizer split (a fact of its tokenizer.json); transformers 5 rebuilds it too.
-PRETOKENIZE_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+"
-)
-
-BPE_MERGES = 96  # learned merges on top of the 256 byte symbols
-VOCAB_MULTIPLE = 64  # the embedding is padded past the tokenizer, as Qwen pads 151665 -> 151936
-
-# A few lines of OCR-like text, the BPE training corpus (fixed so the tokenizer is reproducible).
-TRAINING_TEXT = """\
-Invoice number 2024-0117 dated 12 March 2024. Total amount due: 1,284.50 EUR.
-The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
-Read the text in the image. Return the text line by line, in reading order.
-Name: Ada Lovelace. Address: 12 St James's Square, London. Phone +44 20 7946 0958.
-Table 3: results of the evaluation on the test set, with the mean and the standard deviation.
-Section 2.1 describes the method; section 4 reports the results and the limitations.
-The model reads scanned pages, receipts, forms and handwritten notes and returns plain text.
-"""
-
-# No whitespace control needed: the template has no incidental whitespace, only the "\n"s it emits.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' or 'video' in part %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in part %}{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 PATCH_SIZE = 14
 SPATIAL_MERGE = 2
@@ -120,10 +60,12 @@ class TinyModelResult:
     parameter_count: int
     full_width: bool
     layers: int
+    model: str = "gutenocr_3b"  # the spec it was built for
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path),
+            "model": self.model,
             "files": list(self.files),
             "parameter_count": self.parameter_count,
             "full_width": self.full_width,
@@ -145,11 +87,14 @@ class _Sizes:
     vision_hidden: int
     vision_intermediate: int
     vision_heads: int
-    fullatt_block_indexes: tuple[int, ...]
+    fullatt_block_indexes: tuple[int, ...] = ()  # Qwen2.5-VL's windowed vision tower
+    explicit_head_dim: int | None = None  # Qwen3-VL names head_dim (128 at hidden 2560 / 32 heads)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: vision layers feeding the first text layers
+    num_position_embeddings: int = 0  # Qwen3-VL's learned vision position table (a square number)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
 
 @dataclass(frozen=True)
@@ -195,7 +140,10 @@ def _sizes(
         hidden = int(widths.hidden_size or text["hidden_size"])
         heads = int(widths.heads or text["num_attention_heads"])
         section = tuple(int(x) for x in text["mrope_section"])
-        if widths != TextWidths() and hidden % heads == 0:
+        explicit_head_dim = int(text["head_dim"]) if "head_dim" in text else None
+        blocks_key = LAYOUTS[spec.family.name].vision_blocks_key
+        positions_key = LAYOUTS[spec.family.name].vision_positions_key
+        if widths != TextWidths() and hidden % heads == 0 and explicit_head_dim is None:
             section = _section_for(section, hidden // heads, where)
         sizes = _Sizes(
             hidden=hidden,
@@ -208,7 +156,10 @@ def _sizes(
             vision_hidden=int(vision["hidden_size"]),
             vision_intermediate=int(vision["intermediate_size"]),
             vision_heads=int(vision["num_heads"]),
-            fullatt_block_indexes=tuple(int(x) for x in vision["fullatt_block_indexes"]),
+            fullatt_block_indexes=tuple(int(x) for x in (vision[blocks_key] if blocks_key else ())),
+            explicit_head_dim=explicit_head_dim,
+            deepstack_visual_indexes=tuple(int(x) for x in vision.get("deepstack_visual_indexes", ())),
+            num_position_embeddings=int(vision[positions_key]) if positions_key else 0,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(
@@ -220,7 +171,7 @@ def _sizes(
             "pass --layers 1 or more",
             exit_code=EXIT_USAGE,
         )
-    if sizes.hidden % sizes.heads or sizes.heads % sizes.kv_heads:
+    if (sizes.explicit_head_dim is None and sizes.hidden % sizes.heads) or sizes.heads % sizes.kv_heads:
         raise SpecError(
             f"{where}: hidden_size {sizes.hidden}, {sizes.heads} heads, {sizes.kv_heads} kv heads: no fit",
             "pick head counts that divide hidden_size and each other",
@@ -237,68 +188,17 @@ def _sizes(
         )
     if any(i >= sizes.vision_depth for i in sizes.fullatt_block_indexes):
         raise SpecError(f"{where}: fullatt_block_indexes past the vision depth", "fix the spec")
+    if any(i >= sizes.vision_depth for i in sizes.deepstack_visual_indexes):
+        raise SpecError(f"{where}: deepstack_visual_indexes past the vision depth", "fix the spec")
+    side = math.isqrt(sizes.num_position_embeddings)
+    if LAYOUTS[spec.family.name].vision_positions_key and (
+        side < 1 or side * side != sizes.num_position_embeddings
+    ):
+        raise SpecError(
+            f"{where}: num_position_embeddings {sizes.num_position_embeddings} is not a positive square",
+            "the vision position table is a square grid (Qwen3-VL's: 2304 = 48 x 48)",
+        )
     return sizes
-
-
-# --- tokenizer ----------------------------------------------------------------------------------
-
-
-def _build_tokenizer():
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from tokenizers.trainers import BpeTrainer
-
-    tokenizer = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = BpeTrainer(
-        vocab_size=len(alphabet) + BPE_MERGES,
-        initial_alphabet=alphabet,
-        show_progress=False,
-        special_tokens=[],
-    )
-    tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(), trainer=trainer)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_ADDED_TOKENS])
-    return tokenizer
-
-
-def _tokenizer_config(token_ids: dict[str, int]) -> dict[str, Any]:
-    added = {}
-    for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS:
-        added[str(token_ids[token])] = {
-            "content": token,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": token in QWEN_SPECIAL_TOKENS,
-        }
-    return {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": added,
-        "additional_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != "<|endoftext|>"],
-        "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": 32768,
-        "pad_token": "<|endoftext|>",
-        "processor_class": "Qwen2_5_VLProcessor",
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2TokenizerFast",
-        "unk_token": None,
-    }
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -447,12 +347,12 @@ def _random_tensor(shape: tuple[int, ...], kind: str, generator):
 
 
 def _write_weights(
-    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool
+    folder: Path, sizes: _Sizes, vocab_size: int, seed: int, tied: bool, weights: Any = None
 ) -> tuple[list[str], int]:
     import torch
     from safetensors.torch import save_file
 
-    layout = list(_weight_layout(sizes, vocab_size, tied))
+    layout = list((weights or _weight_layout)(sizes, vocab_size, tied))
     bytes_per = 2  # bfloat16
     total_size = sum(math.prod(shape) * bytes_per for _, shape, _ in layout)
     names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
@@ -483,6 +383,36 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# --- layouts per family ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How make-tiny writes one family's hub checkpoint."""
+
+    config: Any  # (spec, sizes, vocab_size, token_ids) -> config.json
+    weights: Any  # (sizes, vocab_size, tied) -> (key, shape, kind) per tensor
+    preprocessor: Any  # () -> preprocessor_config.json
+    processor_class: str
+    vision_blocks_key: str  # the spec table's key for the vision tower's full-attention blocks ("": none)
+    vision_positions_key: str = ""  # the spec table's key for a learned vision position table ("": none)
+
+
+LAYOUTS = {
+    "qwen2_5_vl": _Layout(
+        _config, _weight_layout, _preprocessor_config, "Qwen2_5_VLProcessor", "fullatt_block_indexes"
+    ),
+    "qwen3_vl": _Layout(
+        tiny_qwen3_vl.config,
+        tiny_qwen3_vl.weight_layout,
+        tiny_qwen3_vl.preprocessor_config,
+        "Qwen3VLProcessor",
+        "",
+        "num_position_embeddings",
+    ),
+}
+
+
 # --- entry point --------------------------------------------------------------------------------
 
 
@@ -494,11 +424,15 @@ class _Plan:
     token_ids: dict[str, int]
     vocab_size: int
 
+    @property
+    def layout(self) -> _Layout:
+        return LAYOUTS[self.spec.family.name]
+
 
 def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths = TextWidths()) -> _Plan:
     spec = load_spec(model)
     sizes = _sizes(spec, full_width, layers, widths)
-    tokenizer = _build_tokenizer()
+    tokenizer = build_tokenizer()
     token_ids = {token: tokenizer.token_to_id(token) for token in QWEN_SPECIAL_TOKENS + QWEN_ADDED_TOKENS}
     vocab_size = math.ceil(tokenizer.get_vocab_size(with_added_tokens=True) / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     return _Plan(spec, sizes, tokenizer, token_ids, vocab_size)
@@ -506,8 +440,11 @@ def _plan(model: str, full_width: bool, layers: int | None, widths: TextWidths =
 
 def model_config(model: str = "gutenocr_3b", full_width: bool = False, layers: int | None = None) -> dict:
     """The config.json that `make_tiny` writes for these options, without writing anything."""
-    plan = _plan(model, full_width, layers)
-    return _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids)
+    return model_config_of(_plan(model, full_width, layers))
+
+
+def model_config_of(plan: _Plan) -> dict:
+    return plan.layout.config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids)
 
 
 def weight_shapes(
@@ -515,7 +452,7 @@ def weight_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Hub key -> shape of every tensor `make_tiny` writes for these options, without drawing any."""
     plan = _plan(model, full_width, layers)
-    layout = _weight_layout(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
+    layout = plan.layout.weights(plan.sizes, plan.vocab_size, plan.spec.tie_word_embeddings)
     return {key: shape for key, shape, _ in layout}
 
 
@@ -553,13 +490,15 @@ def make_tiny(
         raise ModelFolderError(f"cannot create {folder}: {exc.strerror}", "pick a writable folder") from exc
 
     plan.tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
-    _write_json(folder / "tokenizer_config.json", _tokenizer_config(plan.token_ids))
+    _write_json(
+        folder / "tokenizer_config.json", tokenizer_config(plan.token_ids, plan.layout.processor_class)
+    )
     _write_json(folder / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(folder / "config.json", _config(plan.spec, plan.sizes, plan.vocab_size, plan.token_ids))
+    _write_json(folder / "config.json", model_config_of(plan))
     _write_json(folder / "generation_config.json", _generation_config(plan.token_ids))
-    _write_json(folder / "preprocessor_config.json", _preprocessor_config())
+    _write_json(folder / "preprocessor_config.json", plan.layout.preprocessor())
     weight_files, parameters = _write_weights(
-        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings
+        folder, plan.sizes, plan.vocab_size, seed, plan.spec.tie_word_embeddings, plan.layout.weights
     )
 
     files = (
@@ -577,4 +516,5 @@ def make_tiny(
         parameter_count=parameters,
         full_width=full_width,
         layers=plan.sizes.layers,
+        model=plan.spec.name,
     )

@@ -23,6 +23,8 @@ class ModelEntry:
             "model_path_env": spec.model_path_env,
             "spec_file": str(spec.source_path) if spec.source_path else None,
             "builtin": spec.builtin,
+            "family": spec.family.name,
+            "family_title": spec.family.title,
             "class_prefixes": [new for _, new in spec.class_renames],
             "ops": list(spec.injections),
             "tie_word_embeddings": spec.tie_word_embeddings,

@@ -102,8 +102,11 @@ def locate_sources(folder: Path, spec: ModelSpec) -> ModelSources:
         origin = folder_source_release(Path(folder), own_modeling, installed_modeling, release)
         return ModelSources(own_modeling, configuration, release, from_folder=True, source_release=origin)
     if not installed_modeling.is_file() or not installed_configuration.is_file():
+        family = spec.family
         raise SourceNotFoundError(
-            f"transformers {release} has no {spec.modeling_file} under {model_dir}",
-            "install a transformers release from 4.57 on: pip install 'transformers>=4.57,<6'",
+            f"transformers {release} has no {family.title} ({spec.name}'s family): no {spec.modeling_file} "
+            f"under {model_dir}",
+            f"pto-patch patches {family.title} from transformers {family.supported_from} on: "
+            f"pip install 'transformers>={family.supported_from},<6'",
         )
     return ModelSources(installed_modeling, installed_configuration, release, from_folder=False)

@@ -1,8 +1,8 @@
 """A model is a spec: data under `templates/specs/<name>.json`, validated into a frozen dataclass.
 
-Supporting another Qwen2.5-VL fine-tune means adding a JSON file there (or passing the path of one
-to `--model`), not code. Each spec records where its values come from (`sources`) and where public
-sources disagree (`disagreements`).
+Supporting another Qwen2.5-VL or Qwen3-VL fine-tune means adding a JSON file there (or passing the path
+of one to `--model`), not code. Each spec names its architecture family (model/family.py), records where its
+values come from (`sources`) and where public sources disagree (`disagreements`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, SpecError
+from pto_patch.model.family import FAMILIES, Family, family
 from pto_patch.resources import templates_dir
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops in one launch).
@@ -53,6 +54,8 @@ class ModelSpec:
     auto_map: dict[str, str]
     injections: dict[str, Injection]
     mrope_section: tuple[int, ...]
+    # The architecture family (Qwen2.5-VL, Qwen3-VL): what every spec of one transformers model dir shares.
+    family: Family = FAMILIES["qwen2_5_vl"]
     tiny: dict[str, Any] = field(default_factory=dict)
     full_width: dict[str, Any] = field(default_factory=dict)
     # False: the checkpoint ships its own lm_head.weight (the 7B models); True: lm_head is the embedding.
@@ -104,10 +107,23 @@ class ModelSpec:
                 f"model spec {where} lacks {', '.join(missing)}",
                 "compare it with templates/specs/gutenocr_3b.json",
             )
+        # A spec file written before families existed names none: its model_type says which it is.
+        architecture = family(str(data.get("family", data["model_type"])), where)
+        if data["transformers_model_dir"] != architecture.name:
+            raise SpecError(
+                f"model spec {where}: family '{architecture.name}' lives in transformers' "
+                f"models/{architecture.name}, not models/{data['transformers_model_dir']}",
+                f"set transformers_model_dir to {architecture.name!r}, or name the family that matches it",
+            )
         injections = {}
         for op, entry in data["injections"].items():
             if op not in OPS:
                 raise SpecError(f"model spec {where} names unknown op '{op}'", f"ops are: {', '.join(OPS)}")
+            if op in architecture.refused_ops:
+                raise SpecError(
+                    f"model spec {where}: {architecture.title} cannot take '{op}': {architecture.refused_ops[op]}",
+                    f"remove '{op}' from the spec's injections",
+                )
             if "switch" not in entry or not (entry.get("classes") or entry.get("functions")):
                 raise SpecError(
                     f"model spec {where}: injection '{op}' needs a 'switch' and 'classes' or 'functions'",
@@ -149,6 +165,7 @@ class ModelSpec:
             auto_map=dict(data["auto_map"]),
             injections=injections,
             mrope_section=tuple(int(x) for x in data["mrope_section"]),
+            family=architecture,
             tiny=dict(data.get("tiny", {})),
             full_width=dict(data.get("full_width", {})),
             tie_word_embeddings=tie,
@@ -281,6 +298,14 @@ def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:
         raise SpecError(
             "--ops names no op",
             f"choose from: {', '.join(op for op in OPS if op in spec.injections)} (or leave --ops out for all)",
+            exit_code=EXIT_USAGE,
+        )
+    refused = [op for op in wanted if op in spec.family.refused_ops]
+    if refused:
+        op = refused[0]
+        raise SpecError(
+            f"{op} is not available for {spec.family.title} models ({spec.name}): {spec.family.refused_ops[op]}",
+            f"leave it out; choose from: {', '.join(op for op in OPS if op in spec.injections)}",
             exit_code=EXIT_USAGE,
         )
     unknown = [op for op in wanted if op not in spec.injections]

@@ -123,6 +123,9 @@ def fixed_config(config: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
     data = json.loads(config.raw_bytes.decode("utf-8"))
     section = choose_mrope_section(config, spec)
     data["auto_map"] = spec.renamed_auto_map()
+    text_config = data.get("text_config")
+    if spec.family.nested_text_config and isinstance(text_config, dict):
+        return _fixed_nested_rope(data, text_config, section)
     rope_scaling = data.get("rope_scaling")
     rope_scaling = dict(rope_scaling) if isinstance(rope_scaling, dict) else {}
     rope_scaling["type"] = "mrope"
@@ -130,11 +133,28 @@ def fixed_config(config: ModelConfig, spec: ModelSpec) -> dict[str, Any]:
     data["rope_scaling"] = rope_scaling
     if isinstance(data.get("rope_parameters"), dict):
         data["rope_parameters"]["mrope_section"] = section
-    text_config = data.get("text_config")
     if isinstance(text_config, dict):
         for key in ROPE_KEYS:
             if isinstance(text_config.get(key), dict):
                 text_config[key]["mrope_section"] = section
+    return data
+
+
+def _fixed_nested_rope(
+    data: dict[str, Any], text_config: dict[str, Any], section: list[int]
+) -> dict[str, Any]:
+    """A family that keeps its rope dict in text_config (Qwen3-VL): the section goes where the dicts are, and
+    none is added at the top level, where the composite config would take it for a rope setting of its own."""
+    if not any(isinstance(text_config.get(key), dict) for key in ROPE_KEYS):
+        text_config["rope_scaling"] = {
+            "mrope_interleaved": True,
+            "mrope_section": section,
+            "rope_type": "default",
+        }
+    for scope in (data, text_config):
+        for key in ROPE_KEYS:
+            if isinstance(scope.get(key), dict):
+                scope[key]["mrope_section"] = section
     return data
 
 

@@ -49,7 +49,7 @@ def _rewriting_code() -> list[Path]:
     """The files whose content decides what a rewrite writes: the codemods, the guard reader, the spec
     model and the injection templates."""
     files = [*sorted((_PATCHING_DIR / "codemods").glob("*.py")), _MODEL_DIR / "injections_found.py"]
-    files.append(_MODEL_DIR / "spec.py")
+    files += [_MODEL_DIR / "spec.py", _MODEL_DIR / "family.py"]
     files += sorted((templates_dir() / "injections").glob("*.py"))
     return files
 

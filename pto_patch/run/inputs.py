@@ -47,7 +47,13 @@ def encode_prompt(loaded: LoadedModel, prompt: str | None, image: Path | None, s
     if image is not None:
         prompt = OCR_PROMPT if prompt is None else prompt
         picture = ocr_inputs.as_rgb_image(Path(image))
-        inputs = ocr_inputs.build_inputs(loaded.folder, prompt, picture, tokenizer=tokenizer)
+        inputs = ocr_inputs.build_inputs(
+            loaded.folder,
+            prompt,
+            picture,
+            tokenizer=tokenizer,
+            generation_class=loaded.spec.family.generation_class,
+        )
         image_id = tokenizer.convert_tokens_to_ids(ocr_inputs.IMAGE_TOKEN)
         description = {
             "kind": "image",
@@ -61,7 +67,13 @@ def encode_prompt(loaded: LoadedModel, prompt: str | None, image: Path | None, s
             encoded = tokenizer(prompt, return_tensors="pt")
             inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
         else:
-            inputs = ocr_inputs.build_inputs(loaded.folder, prompt, None, tokenizer=tokenizer)
+            inputs = ocr_inputs.build_inputs(
+                loaded.folder,
+                prompt,
+                None,
+                tokenizer=tokenizer,
+                generation_class=loaded.spec.family.generation_class,
+            )
         description = {"kind": "text"}
     description.update(
         prompt=prompt,

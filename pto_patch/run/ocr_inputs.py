@@ -37,11 +37,16 @@ def sample_image(width: int = 56, height: int = 56, seed: int = 0):
     return image
 
 
-def wants_mm_token_type_ids() -> bool:
-    """Whether the installed transformers' Qwen2.5-VL forward takes `mm_token_type_ids` (5.16+)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+DEFAULT_GENERATION_CLASS = "Qwen2_5_VLForConditionalGeneration"
 
-    return "mm_token_type_ids" in inspect.signature(Qwen2_5_VLForConditionalGeneration.forward).parameters
+
+def wants_mm_token_type_ids(generation_class: str = DEFAULT_GENERATION_CLASS) -> bool:
+    """Whether the installed transformers' forward of `generation_class` (the spec family's stock class) takes
+    `mm_token_type_ids` (Qwen2.5-VL from 5.16, Qwen3-VL from 5.8)."""
+    import transformers
+
+    stock = getattr(transformers, generation_class)
+    return "mm_token_type_ids" in inspect.signature(stock.forward).parameters
 
 
 def load_tokenizer(folder: str | Path):
@@ -65,6 +70,7 @@ def build_inputs(
     *,
     tokenizer: Any = None,
     image_processor: Any = None,
+    generation_class: str = DEFAULT_GENERATION_CLASS,
 ) -> dict[str, Any]:
     """Tensors for `model(**inputs)` / `model.generate(**inputs)`: one user turn, an optional image.
 
@@ -111,7 +117,7 @@ def build_inputs(
 
     encoded = tokenizer(text, return_tensors="pt")
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], **inputs}
-    if wants_mm_token_type_ids():
+    if wants_mm_token_type_ids(generation_class):
         image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
         inputs["mm_token_type_ids"] = (encoded["input_ids"] == image_id).to(
             encoded["input_ids"].dtype

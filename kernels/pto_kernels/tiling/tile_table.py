@@ -74,6 +74,12 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     # Qwen2.5-VL-7B text width: 700 / 2048 rows 35,861 / 97,313 cycles (2.7x / 2.5x the floor); 4-row
     # tiles 36,853 / 117,190, 6-row 53,561 / 156,227; 8-row tiles overflow the UB and fail to compile
     ("rms_norm", "prefill", 3584): TileConfig(row_tile=5),
+    # Qwen3-VL's q_norm / k_norm (head_dim 128, a row per head): 8 / 16 rows 3,442 / 3,442 cycles as one
+    # 16-row tile; 8-row tiles 3,352 / 3,552, 1-row (the decode entry above) 4,641 / 4,641
+    ("rms_norm", "decode", 128): TileConfig(row_tile=16),
+    # 256 / 2048 rows: 4,582 / 5,382 cycles; 8-row tiles (the prefill entry above) 4,752 / 49,397, 32-row
+    # 5,022 / 11,583, 128-row 5,339 / 6,539. 64 x 128 is a third of the 12 x 2048 tile that fits the UB
+    ("rms_norm", "prefill", 128): TileConfig(row_tile=64),
     # 1 row: 13,411 cycles (13,195 with 1-row tiles, static or not); 16 rows: 13,411 vs 100,167
     ("mrope", "decode", None): TileConfig(row_tile=16),
     # 700 rows: 52,689 cycles; 64-row tiles 75,532, 32-row 141,218

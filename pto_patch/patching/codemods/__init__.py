@@ -1,4 +1,4 @@
-"""libcst codemods that turn transformers' Qwen2.5-VL modeling code into pto-patch's remote code.
+"""libcst codemods that turn transformers' Qwen2.5-VL / Qwen3-VL modeling code into pto-patch's remote code.
 
 `rewrite_modeling` and `rewrite_configuration` run the ordered steps of `gather_codemods` on a
 source text and return the new text (line endings kept); any step that cannot find its anchor
@@ -25,6 +25,7 @@ from pto_patch.patching.codemods.inject_residual_rms_norm import InjectResidualR
 from pto_patch.patching.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.patching.codemods.inject_swiglu_mlp import InjectSwigluMlp
 from pto_patch.patching.codemods.rename_classes import RenameClasses
+from pto_patch.patching.codemods.sub_model_from_config import SubModelFromConfig
 
 __all__ = [
     "PatchContext",
@@ -55,6 +56,8 @@ def gather_codemods(ctx: PatchContext, *, configuration: bool = False) -> list[C
         *(codemod() for op, codemod in INJECTIONS.items() if op in ctx.ops),
         # Needs the original class names (to look up transformers' mappings), so before renaming.
         CheckpointConversion(),
+        # Names the sub-models' classes as written; the rename after it renames them with the rest.
+        SubModelFromConfig(),
         # After everything that finds classes by their original names.
         RenameClasses(),
         # Last: a header nothing else moves.

@@ -3,8 +3,9 @@
 Among the spec's mrope functions defined at module level, one that takes `mrope_section`
 (`apply_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim=1)`, up to 5.16)
 gets the guard calling `mrope_pto_correct` on unmixed cos/sin; otherwise one taking
-(q, k, cos, sin, unsqueeze_dim) (`apply_rotary_pos_emb`, 5.20+, where the rotary module already
-mixed the sections) gets the guard calling `mrope_mixed_wrapper`. Decorators are kept.
+(q, k, cos, sin, unsqueeze_dim) (`apply_rotary_pos_emb`, 5.20+, and Qwen3-VL from 5.0, where the rotary
+module already mixed the sections) or (q, k, cos, sin, position_ids, unsqueeze_dim) (Qwen3-VL on 4.57,
+position_ids unused) gets the guard calling `mrope_mixed_wrapper`. Decorators are kept.
 
 Before (5.24):
 
@@ -40,6 +41,7 @@ OP = "mrope"
 LAYOUTS = (
     ("mrope_sectioned", ("q", "k", "cos", "sin", "mrope_section")),
     ("mrope_mixed", ("q", "k", "cos", "sin", "unsqueeze_dim")),
+    ("mrope_mixed_position_ids", ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim")),
 )
 
 
