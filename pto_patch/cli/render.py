@@ -348,6 +348,14 @@ def _compilation(description: str | None, compilation) -> None:
             f"    {name}: {mode.compiles} compile(s), {mode.graphs} graph(s), "
             f"{sum(mode.breaks.values())} graph break(s), {len(mode.recompiles)} recompile(s)"
         )
+        if mode.decode_steps:  # a graph run: decode compiled alone over its cache
+            graphs = ", ".join(f"{key}: {count}" for key, count in mode.decode_graphs.items())
+            captures = "not counted" if mode.captures is None else mode.captures
+            out.print(
+                f"      decode: {mode.decode_steps} step(s); graphs per batch and cache: {graphs}; "
+                f"captures: {captures}; compiled while timed: {mode.timed_graphs}",
+                markup=False,
+            )
 
 
 def _other_patchers(patchers) -> None:

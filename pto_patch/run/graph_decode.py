@@ -61,7 +61,7 @@ class GraphDecode:
         self.__signature__ = inspect.signature(self.eager)  # generate() checks its kwargs against it
         self.compiled = compiled
         self.static_cache = static_cache
-        self.text_config = model.config.get_text_config(decoder=True)
+        self.model = model
         self.calls: list[DecodeCall] = []
         self.prefills = 0
         self.timing = False
@@ -90,7 +90,7 @@ class GraphDecode:
                 from transformers import StaticCache
 
                 cache = self._caches[(batch, length)] = StaticCache(
-                    config=self.text_config, max_cache_len=length
+                    config=self.model.config.get_text_config(decoder=True), max_cache_len=length
                 )
             else:
                 cache.reset()

@@ -40,7 +40,9 @@ class _Option:
 
 class _Config:
     def __init__(self):
-        object.__setattr__(self, "_fixed", [k for k, v in vars(self).items() if isinstance(v, (_Option, _Config))])
+        object.__setattr__(
+            self, "_fixed", [k for k, v in vars(self).items() if isinstance(v, (_Option, _Config))]
+        )
 
     def __setattr__(self, key, value):
         if "_fixed" not in vars(self):
@@ -88,7 +90,9 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
     settings = {
         "mode": config.mode.value,
         "frozen_parameter": experimental.frozen_parameter.value,
-        "tiling_schedule_optimize": getattr(experimental, "tiling_schedule_optimize", _Option(None, [None])).value,
+        "tiling_schedule_optimize": getattr(
+            experimental, "tiling_schedule_optimize", _Option(None, [None])
+        ).value,
     }
 
     def backend(gm, example_inputs):
