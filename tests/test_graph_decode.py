@@ -19,7 +19,7 @@ import torch
 
 from pto_patch.errors import PtoPatchError
 from pto_patch.run import graph_decode
-from pto_patch.run.compiling import CompileSetup, CompileWatch
+from pto_patch.run.compiling import CompileSetup, CompileWatch, per_step_guard
 from pto_patch.run.graph_decode import CACHE_BUCKET, install, static_cache_length
 from tests.spec_pipeline import run_in_fresh_process as run_cli
 
@@ -113,6 +113,13 @@ def test_a_decode_that_recompiles_per_step_fails_naming_the_guard():
     assert "size mismatch" in failure  # the guard that failed, as torch words it
     failures, _ = growing.failures_and_warnings()
     assert failure in failures
+
+
+def test_the_guard_named_is_the_one_that_fails_every_step():
+    switch = "0/0: G['pto_kernels'].USE_PTO_RMS_NORM == False"
+    steps = [f"0/{n}: G['pto_kernels']._rms_norm.count.calls == {5 * n}" for n in range(2, 6)]
+    assert per_step_guard([switch, *steps, switch]) == steps[-1]
+    assert per_step_guard([]) == "no recompile reason recorded"
 
 
 def test_a_graph_compiled_while_timing_fails():
@@ -302,3 +309,27 @@ def test_bench_acl_graph_times_replays_at_every_batch_size(patched_tiny: Path, t
         assert sorted(mode["decode_graphs"]) == ["batch 1, static cache 256", "batch 2, static cache 256"]
         assert set(mode["decode_graphs"].values()) == {1} and mode["timed_graphs"] == 0, mode
     assert len(graphs) == 2 * 2  # two modes, two batch sizes: one capture each
+
+
+@pytest.mark.slow
+def test_a_kernel_that_reads_python_state_per_call_recompiles_per_step_and_fails(
+    patched_tiny: Path, tmp_path: Path
+):
+    """The wrappers trace their eager route again: its call counter becomes a guard that every step fails."""
+    import shutil
+
+    folder = tmp_path / "broken"
+    shutil.copytree(patched_tiny, folder, symlinks=True)
+    init = folder / "pto_kernels" / "__init__.py"
+    source = init.read_text(encoding="utf-8")
+    assert "_tracing = torch.compiler.is_compiling" in source
+    init.write_text(source.replace("_tracing = torch.compiler.is_compiling", "_tracing = lambda: False"))
+    code, report, _ = _run(
+        ["verify", "--model-path", str(folder), "--use_pto", "--ops", "rms_norm", "--use_acl_graph"]
+        + ["--output_length", "4", "--allow-modified", *QUICK],
+        tmp_path,
+    )
+    assert code == 3, report
+    (failure,) = [f for f in report["failures"] if "decode recompiles per step" in f]
+    assert failure.startswith("pto: ") and ".calls == " in failure, failure  # the counter, named
+    assert report["compilation"]["modes"]["baseline"]["decode_graphs"] == {"batch 1, static cache 256": 1}

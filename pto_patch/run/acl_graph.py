@@ -127,8 +127,10 @@ def acl_graph_backend(torchair) -> AclGraphBackend:
     )
 
 
-def captures() -> int:
-    """ACL graph captures torchair has recorded in this process, over all its graphs."""
+def captures() -> int | None:
+    """ACL graph captures torchair has recorded in this process, over all its graphs (None: it records none,
+    as a torchair without this counter does not)."""
     from torch._dynamo.utils import counters
 
-    return sum(count for key, count in counters[NPUGRAPH_EX].items() if key.startswith("captured_"))
+    recorded = [count for key, count in counters[NPUGRAPH_EX].items() if key.startswith("captured_")]
+    return sum(recorded) if recorded else None

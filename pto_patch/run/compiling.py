@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pto_patch.errors import PtoPatchError
 from pto_patch.run import acl_graph, graph_decode
 from pto_patch.run.acl_graph import AclGraphBackend
 from pto_patch.run.graph_decode import GraphDecode
@@ -153,7 +154,7 @@ class Compilation:
         failures = []
         for name, mode in self.modes.items():
             for key, count in mode.recompiled_per_step().items():
-                guard = mode.recompiles[-1] if mode.recompiles else "no recompile reason recorded"
+                guard = per_step_guard(mode.recompiles)
                 failures.append(
                     f"{name}: decode recompiles per step under a graph run ({count} graphs for {key}); guard: {guard}"
                 )
@@ -168,6 +169,17 @@ class Compilation:
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"\d+")
+
+
+def per_step_guard(reasons: list[str]) -> str:
+    """The guard a per-step recompile fails: the most frequent reason, numbers aside (each step's
+    differs only in them: a cache length, a counter), given as its latest instance."""
+    if not reasons:
+        return "no recompile reason recorded"
+    shapes = Counter(_NUMBER.sub("N", reason) for reason in reasons)
+    commonest = shapes.most_common(1)[0][0]
+    return next(reason for reason in reversed(reasons) if _NUMBER.sub("N", reason) == commonest)
 
 
 def short_reason(text: str) -> str:
@@ -247,8 +259,9 @@ class CompileWatch:
             mode.decode_steps += 1
             mode.decode_graphs[call.key] += call.graphs
             mode.timed_graphs += call.graphs if call.timed else 0
-        if self.setup.backend == TORCHAIR:
-            mode.captures = (mode.captures or 0) + acl_graph.captures() - self._captures
+        now = acl_graph.captures()
+        if self.setup.backend == TORCHAIR and now is not None:
+            mode.captures = (mode.captures or 0) + now - (self._captures or 0)
 
     def switch(self, mode: str) -> None:
         self._close()
@@ -279,6 +292,23 @@ def finish_watch(watch: CompileWatch | None, failures: list[str], warnings: list
     failures += more_failures
     warnings += more_warnings
     return compilation
+
+
+def _whole(compiled):
+    """A fullgraph decode that breaks: one line naming the break, not torch's traceback."""
+    import torch
+
+    def run(*args, **kwargs):
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.Unsupported as exc:
+            raise PtoPatchError(
+                f"the decode step does not compile whole for ACL graph (fullgraph=True): {short_reason(exc)}",
+                "run the same verify with --use_compile --cache static instead of --use_acl_graph: "
+                "its report names every graph break per mode",
+            ) from exc
+
+    return run
 
 
 def cache_kind(options) -> str:
@@ -327,8 +357,14 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
         else:
             chosen = acl_graph.acl_graph_backend(torchair)
             warnings += [f"torchair: {note}" for note in chosen.notes]
-            compiled = torch.compile(
-                model.forward, backend=chosen.backend, options=chosen.options, fullgraph=True, dynamic=False
+            compiled = _whole(
+                torch.compile(
+                    model.forward,
+                    backend=chosen.backend,
+                    options=chosen.options,
+                    fullgraph=True,
+                    dynamic=False,
+                )
             )
             decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels)
             return CompileSetup(TORCHAIR, chosen.kind, False, cache, ("decode",), True, chosen, decode)
