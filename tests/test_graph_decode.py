@@ -333,3 +333,38 @@ def test_a_kernel_that_reads_python_state_per_call_recompiles_per_step_and_fails
     (failure,) = [f for f in report["failures"] if "decode recompiles per step" in f]
     assert failure.startswith("pto: ") and ".calls == " in failure, failure  # the counter, named
     assert report["compilation"]["modes"]["baseline"]["decode_graphs"] == {"batch 1, static cache 256": 1}
+
+
+# --- the 910B projection's arithmetic ----------------------------------------------------------------
+
+
+def _projection_module():
+    spec = importlib.util.spec_from_file_location(
+        "bench_decode_projection", REPO / "benchmarks" / "bench_decode_projection.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_projection_sums_spans_captured_and_adds_launches_eager():
+    projection = _projection_module()
+    soc = {"ddr_rate_bytes_per_cycle": 32, "ai_core_cnt": 24, "cube_freq_mhz": 1850}
+    spans = {"attention_prologue": 20.0, "mlp_block": 120.0, "rms_norm": 2.0, "mrope": 7.0}
+    spans |= {"swiglu_mlp": 125.0, "linear_2048_2048": 10.0, "linear_2048_256": 8.0, "linear_lm_head": 350.0}
+    out = projection.project(
+        spans, context=1024, launch_us=10.0, launches={"blocks": 200, "baseline": 1000}, soc=soc
+    )
+    attention = out["attention_core_us_per_layer_estimate"]
+    kv_us = 2 * 2 * 128 * 1024 * 2 / (32 * 24 * 1850)
+    assert attention == pytest.approx(kv_us + 2.0, abs=0.01)
+    blocks = out["variants"]["fused"]
+    captured_us = 36 * (140.0 + attention) + 2.0 + 350.0
+    assert blocks["captured_ms"] == pytest.approx(captured_us / 1e3, abs=1e-3)
+    assert blocks["modeled_kernels"] == 36 * 3 + 2
+    assert blocks["eager_modeled_launches_ms"] == pytest.approx((captured_us + 110 * 10.0) / 1e3, abs=1e-3)
+    assert blocks["eager_all_launches_ms"] == pytest.approx((captured_us + 200 * 10.0) / 1e3, abs=1e-3)
+    per_op = out["variants"]["per_op"]
+    assert per_op["layer_kernels_us"] == pytest.approx(2 * 2.0 + 2 * 10.0 + 2 * 8.0 + 7.0 + 125.0)
+    assert out["baseline_launches_only_ms"] == pytest.approx(10.0)
+    assert 4.0 < out["weight_floor_ms"] < 4.8  # about 6.2 GB at about 1.42 TB/s
