@@ -250,6 +250,8 @@ def test_verify_acl_graph_captures_decode_once_per_mode(
     # what the stand-in was handed: at most 2 graphs per mode (here 1: decode; prefill runs eagerly)
     assert 1 <= len(graphs) <= 2 * 2, graphs
     assert all(g["mode"] == "reduce-overhead" for g in graphs)
+    noted = [w for w in report["warnings"] if w.startswith("torchair: ")]  # what torchair warned, passed on
+    assert any("tiling_schedule_optimize" in w for w in noted) and any("npugraph_ex" in w for w in noted)
     assert all(g["frozen_parameter"] is True and g["tiling_schedule_optimize"] is True for g in graphs)
     for name in ("baseline", "pto"):
         mode = compilation["modes"][name]

@@ -6,7 +6,9 @@ Ascend/torchair commit fced884 (2026-06-01):
   otherwise) and a config refuses an option it does not have (ValueError "... has no option ...");
 - `python/torchair/configs/compiler_config.py` / `experimental_config.py`: `mode` in max-autotune,
   reduce-overhead, npugraph_ex; `experimental_config.frozen_parameter` and `tiling_schedule_optimize`;
-- `python/torchair/npu_fx_compiler.py`: `get_npu_backend(compiler_config=...)`;
+- `python/torchair/npu_fx_compiler.py`: `get_npu_backend(compiler_config=...)`, which warns (compiler_config.py
+  `_check_config_support`) that tiling_schedule_optimize may not take effect in reduce-overhead mode, and
+  that reduce-overhead is deprecated in favour of the npugraph_ex backend;
 - `python/torchair/_acl_concrete_graph/acl_graph.py`: a reduce-overhead graph captures once per
   concrete input shapes and records `counters["npugraph_ex"]["captured_<graph>"]`.
 It runs each graph eagerly (there is no device to capture on), and refuses GE mode (max-autotune),
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 __all__ = ["CompilerConfig", "get_npu_backend"]
 
@@ -94,6 +97,20 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
             experimental, "tiling_schedule_optimize", _Option(None, [None])
         ).value,
     }
+
+    if settings["mode"] == "reduce-overhead":
+        if settings["tiling_schedule_optimize"]:
+            warnings.warn(
+                "The following torchair config or properties may not take effect or report error in "
+                "reduce-overhead mode: config.experimental_config.tiling_schedule_optimize:True",
+                UserWarning,
+                stacklevel=2,
+            )
+        warnings.warn(
+            'The "reduce-overhead" mode configuration will be deprecated. Please use the "npugraph_ex" backend.',
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     def backend(gm, example_inputs):
         global _graphs
