@@ -122,6 +122,22 @@ def test_the_guard_named_is_the_one_that_fails_every_step():
     assert per_step_guard([]) == "no recompile reason recorded"
 
 
+def test_a_fullgraph_decode_that_breaks_is_one_line_naming_the_break():
+    from pto_patch.run.compiling import _whole
+
+    def step(x):
+        print("", end="")  # a builtin the tracer cannot put in a graph
+        return x + 1
+
+    torch._dynamo.reset()
+    decode = _whole(torch.compile(step, backend="eager", fullgraph=True, dynamic=False))
+    with pytest.raises(PtoPatchError) as raised:
+        decode(torch.ones(2))
+    message = raised.value.message
+    assert message.startswith("the decode step does not compile whole for ACL graph (fullgraph=True): ")
+    assert "print" in message and "\n" not in message and "--use_compile --cache static" in raised.value.hint
+
+
 def test_a_graph_compiled_while_timing_fails():
     compilation = _watched(grow=False, timed=True)
     assert compilation.modes["baseline"].timed_graphs == 1  # batch 3 compiled inside the timed run
