@@ -7,10 +7,13 @@ machine state. Prints the PTO / baseline ratio of tokens per second per batch si
 
     python benchmarks/bench_end_to_end.py --layers 2 --backend fused --batches 1,4,8
     python benchmarks/bench_end_to_end.py --layers 4 --compile inductor   # both modes compiled
+    python benchmarks/bench_end_to_end.py --layers 4 --compile inductor --cache static   # decode as one graph
     python benchmarks/bench_end_to_end.py --layers 4 --ops rms_norm,attention_prologue,mlp_block
 
 With --compile BACKEND, the model is compiled once (torch.compile, dynamic shapes) and both modes run
-compiled; the compiler's graphs, breaks and recompiles per mode are printed beside the ratios.
+compiled; the compiler's graphs, breaks and recompiles per mode are printed beside the ratios. With
+--cache static as well, it is a graph run (docs/graph-decode.md): prefill eager, the decode step compiled
+alone with fixed shapes over a static KV cache, one graph per mode and batch size.
 
 With --tune, `pto-patch tune` runs first (within --tune-budget seconds) and every bench run uses its
 choice (`--use_dynamic_config`); --repeats runs bench that many times and prints each run's ratio,
@@ -47,6 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="bench runs, each alternating both modes")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
     parser.add_argument("--compile", metavar="BACKEND", help="torch.compile both modes with this backend")
+    parser.add_argument("--cache", default="auto", help="bench's --cache: auto, static or dynamic")
     parser.add_argument("--ops", help="the ops bench switches on (and tune chooses among), e.g. all")
     args = parser.parse_args()
 
@@ -76,6 +80,7 @@ def main() -> None:
                     kernel_backend=None if args.backend == "auto" else args.backend,
                     use_compile=args.compile is not None,
                     compile_backend=args.compile or "inductor",
+                    cache=args.cache,
                     ops=args.ops,
                 )
             ).to_json()
@@ -102,6 +107,7 @@ def main() -> None:
                     output_dir=work / "results",
                     use_compile=args.compile is not None,
                     compile_backend=args.compile or "inductor",
+                    cache=args.cache,
                     ops=args.ops,
                 )
             )
@@ -128,6 +134,7 @@ def main() -> None:
                     print(
                         f"  {name}: {mode['compiles']} compiles, {mode['graph_breaks']} graph breaks, "
                         f"{mode['recompiles']} recompiles"
+                        + (f", decode graphs {mode['decode_graphs']}" if "decode_graphs" in mode else "")
                     )
             if doc["failures"]:
                 print("failures:", *doc["failures"], sep="\n  ")

@@ -117,6 +117,14 @@ AclGraphOpt = Annotated[
         "--use_acl_graph", "--use-acl-graph", help="ACL graph via torchair where present, else torch.compile."
     ),
 ]
+CacheOpt = Annotated[
+    str,
+    typer.Option(
+        "--cache",
+        help="KV cache of a compiled run: static (decode captured once per batch size), dynamic, or auto "
+        "(static with --use_acl_graph or a capturing --mode).",
+    ),
+]
 DynamicConfigOpt = Annotated[
     bool,
     typer.Option(

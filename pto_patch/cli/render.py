@@ -7,6 +7,7 @@ read the result's fields, never its JSON.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -394,6 +395,14 @@ def _compilation(description: str | None, compilation) -> None:
             f"    {name}: {mode.compiles} compile(s), {mode.graphs} graph(s), "
             f"{sum(mode.breaks.values())} graph break(s), {len(mode.recompiles)} recompile(s)"
         )
+        if mode.decode_steps:  # a graph run: decode compiled alone over its cache
+            graphs = ", ".join(f"{key}: {count}" for key, count in mode.decode_graphs.items())
+            captures = "not counted" if mode.captures is None else mode.captures
+            out.print(
+                f"      decode: {mode.decode_steps} step(s); graphs per batch and cache: {graphs}; "
+                f"captures: {captures}; compiled while timed: {mode.timed_graphs}",
+                markup=False,
+            )
 
 
 def _other_patchers(patchers) -> None:
@@ -550,28 +559,19 @@ def _demo_text(result) -> None:
         out.print("[bold red]FAILED[/]; exit code 3", markup=True)
 
 
-def _doctor_text(result) -> None:
-    from pto_patch.cli import doctor_render
-
-    doctor_render.doctor_text(result)
-
-
 def _tune_text(result) -> None:
     from pto_patch.cli import tune_render  # tune's tables, and its progress bar while it measures
 
     tune_render.tune_result(result, as_json=False)
 
 
-def _ocr_verify_text(report) -> None:
-    from pto_patch.cli import ocr_render
+def _in_module(module: str, function: str) -> Callable[[Any], None]:
+    """A renderer that lives in a module of its own, imported when its result is shown."""
 
-    ocr_render.ocr_verify_text(report)
+    def render(result) -> None:
+        getattr(importlib.import_module(f"pto_patch.cli.{module}"), function)(result)
 
-
-def _page_bench_text(result) -> None:
-    from pto_patch.cli import ocr_render
-
-    ocr_render.page_bench_text(result)
+    return render
 
 
 # Result type name -> its text renderer (by name, so that rendering imports no engine module).
@@ -588,7 +588,7 @@ TEXT: dict[str, Callable[[Any], None]] = {
     "BenchResult": _bench_text,
     "DemoResult": _demo_text,
     "TuneResult": _tune_text,
-    "OcrVerifyReport": _ocr_verify_text,
-    "PageBenchResult": _page_bench_text,
-    "DoctorReport": _doctor_text,
+    "OcrVerifyReport": _in_module("ocr_render", "ocr_verify_text"),
+    "PageBenchResult": _in_module("ocr_render", "page_bench_text"),
+    "DoctorReport": _in_module("doctor_render", "doctor_text"),
 }

@@ -90,7 +90,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
-    compiled = apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     kernels = loaded.kernels
     lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None

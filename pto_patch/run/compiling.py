@@ -1,14 +1,19 @@
 """Compiling a run's model, and what the compiler did in each mode: compiles, graph breaks, recompiles.
 
-`apply_compile` wraps `model.forward` once (torch.compile with dynamic shapes, or torchair's ACL
-graph where asked and usable); both modes then run the same compiled forward. PTO mode's switches are
+`apply_compile` wraps `model.forward` once; both modes then run the same compiled forward. A graph run
+(`--use_acl_graph`, a capturing `--mode`, or `--cache static`) compiles the decode step alone with fixed
+shapes over a static KV cache (`run.graph_decode`: prefill eager, decode one graph per batch size);
+otherwise torch.compile with dynamic shapes over the whole forward and transformers' growing cache. PTO mode's switches are
 Python globals the modeling code reads, so the compiler guards on them: switching a mode on compiles
 it once (a recompile by torch's count), and switching back reuses what was compiled.
 
 `CompileWatch` attributes what torch's compiler counted to the mode that was switched on while it
 happened: the graphs compiled, the graph breaks with their reasons, and the recompiles with theirs.
 A graph break PTO mode adds to what the baseline has is a failure that names the break; breaks the
-baseline has too (transformers' own vision code has some) are the model's, not PTO mode's.
+baseline has too (transformers' own vision code has some) are the model's, not PTO mode's. In a graph
+run it also counts, per mode, the decode steps, the graphs compiled per batch size and cache, the ACL
+graph captures torchair recorded, and graphs compiled during timed runs: a decode that compiles more
+than one graph for one batch size and cache recompiles per step, a failure naming the guard.
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pto_patch.errors import PtoPatchError
+from pto_patch.run import acl_graph, graph_decode
+from pto_patch.run.acl_graph import AclGraphBackend
+from pto_patch.run.graph_decode import GraphDecode
+
 # Each mode compiles prefill and decode, for batch 1 and for larger batches (torch specialises size 1),
 # and tune compiles one set per candidate: room for all of them before torch falls back to eager.
 RECOMPILE_LIMIT = 64
 TORCHAIR = "torchair"
+# torch.compile modes that capture CUDA graphs (inductor's cudagraph trees): they need fixed shapes.
+CAPTURING_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -32,15 +44,41 @@ class CompileSetup:
     backend: str
     mode: str | None
     dynamic: bool | None
+    cache: str = graph_decode.DYNAMIC  # the KV cache generation runs with
+    captured: tuple[str, ...] = ()  # phases captured as device graphs ("decode")
+    fullgraph: bool = False
+    acl_graph: AclGraphBackend | None = None
+    decode: GraphDecode | None = field(default=None, compare=False, repr=False)  # a graph run's forward
+
+    @property
+    def graph_run(self) -> bool:
+        """Decode compiled alone with fixed shapes: one graph per batch size and cache, replayed per step."""
+        return self.decode is not None
 
     @property
     def description(self) -> str:
         if self.backend == TORCHAIR:
-            return "torchair npu backend, reduce-overhead (ACL graph)"
-        return f"torch.compile(backend={self.backend!r}, mode={self.mode!r}, dynamic={self.dynamic})"
+            kind = self.acl_graph.kind if self.acl_graph is not None else acl_graph.REDUCE_OVERHEAD
+            text = f"torchair {kind} (ACL graph), fullgraph, dynamic=False"
+        else:
+            text = f"torch.compile(backend={self.backend!r}, mode={self.mode!r}, dynamic={self.dynamic})"
+        if not self.graph_run:
+            return text
+        captured = f"{', '.join(self.captured)} captured" if self.captured else "nothing captured"
+        return f"{text}; decode compiled alone over a {self.cache} cache, prefill eager; {captured}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic}
+        data: dict[str, Any] = {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic}
+        if self.graph_run:  # eager-prefill graph runs only: a dynamic-shape run's record is as it was
+            data |= {
+                "cache": self.cache,
+                "cache_bucket": graph_decode.CACHE_BUCKET if self.cache == graph_decode.STATIC else None,
+                "prefill": "eager",
+                "captured_phases": list(self.captured),
+                "fullgraph": self.fullgraph,
+                "acl_graph": None if self.acl_graph is None else self.acl_graph.to_json(),
+            }
+        return data
 
 
 @dataclass
@@ -51,9 +89,13 @@ class CompiledMode:
     graphs: int = 0
     breaks: Counter = field(default_factory=Counter)  # short reason -> count
     recompiles: list[str] = field(default_factory=list)  # one short reason each
+    decode_steps: int = 0  # a graph run's decode calls through the compiled forward
+    decode_graphs: Counter = field(default_factory=Counter)  # "batch B, static cache N" -> graphs compiled
+    timed_graphs: int = 0  # graphs compiled during timed runs
+    captures: int | None = None  # ACL graph captures torchair recorded (None: not counted)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "compiles": self.compiles,
             "graphs": self.graphs,
             "graph_breaks": sum(self.breaks.values()),
@@ -61,6 +103,18 @@ class CompiledMode:
             "recompiles": len(self.recompiles),
             "recompile_reasons": list(self.recompiles),
         }
+        if self.decode_steps:
+            data |= {
+                "decode_steps": self.decode_steps,
+                "decode_graphs": dict(self.decode_graphs),
+                "timed_graphs": self.timed_graphs,
+                "captures": self.captures,
+            }
+        return data
+
+    def recompiled_per_step(self) -> dict[str, int]:
+        """Batch-and-cache keys whose decode compiled more than one graph: a recompile per step."""
+        return {key: count for key, count in self.decode_graphs.items() if count > 1}
 
 
 @dataclass
@@ -81,6 +135,7 @@ class Compilation:
 
     def failures_and_warnings(self) -> tuple[list[str], list[str]]:
         failures = [f"PTO mode breaks the compiled graph: {reason}" for reason in self.added_breaks()]
+        failures += self.graph_failures()
         warnings = []
         base = self.modes.get("baseline")
         if base is not None and base.breaks:
@@ -92,11 +147,39 @@ class Compilation:
             )
         return failures, warnings
 
+    def graph_failures(self) -> list[str]:
+        """A graph run whose decode recompiles per step, or whose timed runs compiled, fails."""
+        if not self.setup.graph_run:
+            return []
+        failures = []
+        for name, mode in self.modes.items():
+            for key, count in mode.recompiled_per_step().items():
+                guard = per_step_guard(mode.recompiles)
+                failures.append(
+                    f"{name}: decode recompiles per step under a graph run ({count} graphs for {key}); guard: {guard}"
+                )
+            if mode.timed_graphs:
+                failures.append(
+                    f"{name}: timed runs compiled {mode.timed_graphs} graph(s): the timings hold compiles"
+                )
+        return failures
+
     def to_json(self) -> dict[str, Any]:
         return {**self.setup.to_json(), "modes": {name: mode.to_json() for name, mode in self.modes.items()}}
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"\d+")
+
+
+def per_step_guard(reasons: list[str]) -> str:
+    """The guard a per-step recompile fails: the most frequent reason, numbers aside (each step's
+    differs only in them: a cache length, a counter), given as its latest instance."""
+    if not reasons:
+        return "no recompile reason recorded"
+    shapes = Counter(_NUMBER.sub("N", reason) for reason in reasons)
+    commonest = shapes.most_common(1)[0][0]
+    return next(reason for reason in reversed(reasons) if _NUMBER.sub("N", reason) == commonest)
 
 
 def short_reason(text: str) -> str:
@@ -128,6 +211,8 @@ class CompileWatch:
         self._current: str | None = None
         self._breaks, self._graphs, self._compiles = self._read_counters()
         self._seen = {self._metric_key(metric) for metric in self._metrics()}
+        self._decode_seen = len(setup.decode.calls) if setup.decode is not None else 0
+        self._captures = acl_graph.captures()
 
     @staticmethod
     def _read_counters() -> tuple[Counter, int, int]:
@@ -159,8 +244,24 @@ class CompileWatch:
             for reason, count in (breaks - self._breaks).items():
                 mode.breaks[short_reason(reason)] += count
             mode.recompiles += [short_reason(m.recompile_reason) for m in new if m.recompile_reason]
+            self._close_decode(mode)
         self._breaks, self._graphs, self._compiles = breaks, graphs, compiles
         self._seen.update(self._metric_key(metric) for metric in new)
+        if self.setup.decode is not None:
+            self._decode_seen = len(self.setup.decode.calls)
+        self._captures = acl_graph.captures()
+
+    def _close_decode(self, mode: CompiledMode) -> None:
+        decode = self.setup.decode
+        if decode is None:
+            return
+        for call in decode.calls[self._decode_seen :]:
+            mode.decode_steps += 1
+            mode.decode_graphs[call.key] += call.graphs
+            mode.timed_graphs += call.graphs if call.timed else 0
+        now = acl_graph.captures()
+        if self.setup.backend == TORCHAIR and now is not None:
+            mode.captures = (mode.captures or 0) + now - (self._captures or 0)
 
     def switch(self, mode: str) -> None:
         self._close()
@@ -193,34 +294,84 @@ def finish_watch(watch: CompileWatch | None, failures: list[str], warnings: list
     return compilation
 
 
-def apply_compile(model, options, warnings: list[str]) -> CompileSetup | None:
-    """Wrap model.forward: torchair's ACL graph where asked and usable, else torch.compile with dynamic
-    shapes (one compile serves every prompt length). torchair's GE mode is refused per op by `enable()`
-    (pto_kernels.ops.refuse_graph_mode) once torchair is imported, as it is here."""
+def _whole(compiled):
+    """A fullgraph decode that breaks: one line naming the break, not torch's traceback."""
+    import torch
+
+    def run(*args, **kwargs):
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.Unsupported as exc:
+            raise PtoPatchError(
+                f"the decode step does not compile whole for ACL graph (fullgraph=True): {short_reason(exc)}",
+                "run the same verify with --use_compile --cache static instead of --use_acl_graph: "
+                "its report names every graph break per mode",
+            ) from exc
+
+    return run
+
+
+def cache_kind(options) -> str:
+    """The KV cache a compiled run generates with: static for graph runs unless asked otherwise."""
+    chosen = getattr(options, "cache", graph_decode.AUTO)
+    if chosen != graph_decode.AUTO:
+        return chosen
+    graph = options.use_acl_graph or options.compile_mode in CAPTURING_MODES
+    return graph_decode.STATIC if graph else graph_decode.DYNAMIC
+
+
+def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileSetup | None:
+    """Wrap model.forward for a compiled run (None when the run is eager).
+
+    A graph run (`--use_acl_graph`, a capturing `--mode`, or a static cache) compiles the decode step
+    alone with fixed shapes (`graph_decode`): torchair's ACL graph with the reference's settings where
+    torchair is usable, else torch.compile with `--backend`. Any other compiled run wraps the whole
+    forward with dynamic shapes (one compile serves every prompt length). torchair's GE mode is refused
+    per op by `enable()` (pto_kernels.ops.refuse_graph_mode) once torchair is imported, as it is here."""
     if not (options.use_compile or options.use_acl_graph):
         return None
     import torch
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    cache = cache_kind(options)
+    graph = options.use_acl_graph or cache == graph_decode.STATIC
     if options.warmup == 0:
-        warnings.append("--warmup 0 with a compiled model: each mode's first timed run includes compiling it")
+        warnings.append(
+            "--warmup 0 with a graph run: one untimed capture run per mode and batch size runs anyway"
+            if graph
+            else "--warmup 0 with a compiled model: each mode's first timed run includes compiling it"
+        )
+    if not graph:
+        model.forward = torch.compile(
+            model.forward, backend=options.compile_backend, mode=options.compile_mode, dynamic=True
+        )
+        return CompileSetup(options.compile_backend, options.compile_mode, True)
+    static = cache == graph_decode.STATIC
     if options.use_acl_graph:
-        try:
-            import torchair
-
-            config = torchair.CompilerConfig()
-            config.mode = "reduce-overhead"
-            backend = torchair.get_npu_backend(compiler_config=config)
-        except Exception as exc:  # torchair missing, or present without torch_npu / CANN
+        torchair = acl_graph.import_torchair()
+        if torchair is None:
             warnings.append(
-                f"--use_acl_graph: torchair is not usable here ({type(exc).__name__}); "
-                f"using torch.compile(backend={options.compile_backend!r}) instead"
+                "--use_acl_graph: torchair is not usable here; "
+                f"using torch.compile(backend={options.compile_backend!r}) over the decode step instead"
             )
         else:
-            # ACL graph replays fixed shapes: dynamic shapes are not supported in reduce-overhead mode.
-            model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
-            return CompileSetup(TORCHAIR, "reduce-overhead", False)
-    model.forward = torch.compile(
-        model.forward, backend=options.compile_backend, mode=options.compile_mode, dynamic=True
+            chosen = acl_graph.acl_graph_backend(torchair)
+            warnings += [f"torchair: {note}" for note in chosen.notes]
+            compiled = _whole(
+                torch.compile(
+                    model.forward,
+                    backend=chosen.backend,
+                    options=chosen.options,
+                    fullgraph=True,
+                    dynamic=False,
+                )
+            )
+            decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels)
+            return CompileSetup(TORCHAIR, chosen.kind, False, cache, ("decode",), True, chosen, decode)
+    compiled = torch.compile(
+        model.forward, backend=options.compile_backend, mode=options.compile_mode, dynamic=False
     )
-    return CompileSetup(options.compile_backend, options.compile_mode, True)
+    decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels)
+    on_cuda = getattr(getattr(model, "device", None), "type", None) == "cuda"
+    captured = ("decode",) if options.compile_mode in CAPTURING_MODES and on_cuda else ()
+    return CompileSetup(options.compile_backend, options.compile_mode, False, cache, captured, decode=decode)

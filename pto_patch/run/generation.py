@@ -9,9 +9,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from pto_patch.run import graph_decode
 from pto_patch.run.device import DeviceChoice, dtype_key, peak_memory_mb, reset_peak_memory, synchronize
 from pto_patch.run.loading import LoadedModel
 from pto_patch.run.report import Accuracy, ModeMetrics
@@ -67,7 +69,10 @@ def _token_ids(tokenizer, model) -> tuple[list[int] | None, int | None]:
 
 
 def generate(loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool, logits: bool) -> Generation:
-    """Greedy generation; `fixed_length` suppresses end-of-sequence so every timed run is as long."""
+    """Greedy generation; `fixed_length` suppresses end-of-sequence so every timed run is as long.
+
+    In a graph run (`graph_decode`) it generates with the run's static cache; transformers' own
+    compile-on-generate stays off, so what is compiled is what `apply_compile` compiled."""
     import torch
     from transformers import GenerationConfig
 
@@ -81,15 +86,20 @@ def generate(loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool
         pad_token_id=pad,
         output_logits=logits,
         return_dict_in_generate=True,
+        disable_compile=True,
     )
     prompt_length = inputs["input_ids"].shape[1]
     clock = _StepClock(loaded.device)
-    synchronize(loaded.device)
-    started = time.perf_counter()
-    with torch.no_grad():  # as generate itself does; inference_mode would be stricter than users' runs
-        out = loaded.model.generate(**inputs, generation_config=config, streamer=clock)
-    synchronize(loaded.device)
-    seconds = time.perf_counter() - started
+    decode = graph_decode.installed(loaded.model)
+    with (
+        decode.generation(inputs["input_ids"], new_tokens) if decode is not None else nullcontext({}) as extra
+    ):
+        synchronize(loaded.device)
+        started = time.perf_counter()
+        with torch.no_grad():  # as generate itself does; inference_mode would be stricter than users' runs
+            out = loaded.model.generate(**inputs, **extra, generation_config=config, streamer=clock)
+        synchronize(loaded.device)
+        seconds = time.perf_counter() - started
     first = out.logits[0].float().cpu() if logits and out.logits else None
     token_times = clock.times[1:]  # one per new token
     prefill = token_times[0] - started if token_times else None
@@ -136,9 +146,15 @@ def measure_modes(
     """Time each mode (`switches` maps a mode to the call that selects it) on the same inputs.
 
     Warm-up runs (10 new tokens each) per mode, then `iters` rounds of one timed run per mode, the
-    order reversed every other round: on a shared machine both modes see the same load drift.
+    order reversed every other round: on a shared machine both modes see the same load drift. In a
+    graph run the warm-ups capture (at least one per mode, over the cache the timed runs use) and the
+    timed runs replay; a graph compiled while timing is counted (`graph_decode.timed`).
     """
     names = list(switches)
+    decode = graph_decode.installed(loaded.model)
+    if decode is not None:
+        decode.reserve(new_tokens)
+        warmup = max(warmup, 1)
     for name in names:
         switches[name]()
         for _ in range(warmup):
@@ -149,7 +165,8 @@ def measure_modes(
         for name in names if round_index % 2 == 0 else reversed(names):
             switches[name]()
             reset_peak_memory(loaded.device)
-            runs[name].append(generate(loaded, inputs, new_tokens, fixed_length=True, logits=False))
+            with graph_decode.timed(loaded.model):
+                runs[name].append(generate(loaded, inputs, new_tokens, fixed_length=True, logits=False))
             peaks[name] = max(peaks[name], peak_memory_mb(loaded.device))
     return {name: _metrics(loaded, runs[name], batch, peaks[name]) for name in names}
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import ModelSpec, parse_ops
+from pto_patch.run.acl_graph import check_settings
 from pto_patch.run.device import dtype_key
+from pto_patch.run.graph_decode import CACHE_KINDS
 from pto_patch.run.ops import KERNEL_BACKENDS
 
 
@@ -33,6 +35,7 @@ class RunOptions:
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     use_acl_graph: bool = False
+    cache: str = "auto"  # run.graph_decode.CACHE_KINDS: the KV cache a compiled run generates with
     use_dynamic_config: bool = False
     allow_modified: bool = False
     hub_kernels: bool = False  # load with use_kernels=True (run/hub_kernels.py)
@@ -80,8 +83,16 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         )
     if options.ops is not None:
         parse_ops(options.ops, spec)
+    if options.cache not in CACHE_KINDS:
+        raise PtoPatchError(
+            f"--cache '{options.cache}' is unknown",
+            f"choose from: {', '.join(CACHE_KINDS)}",
+            exit_code=EXIT_USAGE,
+        )
     if options.use_compile or options.use_acl_graph:
         check_compile_backend(options.compile_backend)
+    if options.use_acl_graph:
+        check_settings()  # a setting the installed torchair rejects stops the run here, not after loading
 
 
 def check_compile_backend(name: str) -> None:

@@ -73,7 +73,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
             warnings.append(
                 f"{', '.join(ignored)} only matter without --baseline-only; ran the baseline only"
             )
-    compiled = apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
     inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(inputs, options.batch, device)
 

@@ -40,6 +40,7 @@ NOT_APPLICABLE = (
     ("--backend", "compile_backend", "inductor"),
     ("--mode", "compile_mode", None),
     ("--use_acl_graph", "use_acl_graph", False),
+    ("--cache", "cache", "auto"),
     ("--use_dynamic_config", "use_dynamic_config", False),
     ("--atol", "atol", None),
     ("--rtol", "rtol", None),

@@ -239,7 +239,9 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     if failures:  # a model that did not load whole is not worth timing
         result.duration_s = clock() - began
         return result
-    compiled = apply_compile(loaded.model, options, warnings)
+    compiled = apply_compile(loaded.model, options, warnings, kernels=kernels)
+    if compiled is not None and compiled.decode is not None:
+        compiled.decode.reserve(options.output_length)  # warm-ups capture the cache the timed runs replay
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
     ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]

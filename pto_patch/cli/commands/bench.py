@@ -10,6 +10,7 @@ import typer
 from pto_patch.cli.options import (
     AclGraphOpt,
     AllowModifiedOpt,
+    CacheOpt,
     CompileBackendOpt,
     CompileModeOpt,
     DeviceOpt,
@@ -58,6 +59,7 @@ def bench(
     compile_backend: CompileBackendOpt = "inductor",
     compile_mode: CompileModeOpt = None,
     use_acl_graph: AclGraphOpt = False,
+    cache: CacheOpt = "auto",
     use_dynamic_config: DynamicConfigOpt = False,
     allow_modified: AllowModifiedOpt = False,
     hub_kernels: HubKernelsOpt = False,

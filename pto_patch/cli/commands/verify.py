@@ -10,6 +10,7 @@ import typer
 from pto_patch.cli.options import (
     AclGraphOpt,
     AllowModifiedOpt,
+    CacheOpt,
     CompileBackendOpt,
     CompileModeOpt,
     DeviceOpt,
@@ -72,6 +73,7 @@ def verify(
     compile_backend: CompileBackendOpt = "inductor",
     compile_mode: CompileModeOpt = None,
     use_acl_graph: AclGraphOpt = False,
+    cache: CacheOpt = "auto",
     use_dynamic_config: DynamicConfigOpt = False,
     atol: Annotated[
         float | None, typer.Option("--atol", help="Logit tolerance, absolute (per-dtype default).")

@@ -1,0 +1,388 @@
+"""Graph runs: decode captures once per batch size over a static KV cache, counted, not assumed.
+
+The model checks run verify / bench in fresh processes with a stand-in torchair of our own
+(`tests/counting_torchair`) that logs every graph it is handed and the CompilerConfig it was built
+with, and records captures the way torchair does. The cases that make the count rise (a growing
+cache, a graph compiled while timing) must fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pto_patch.errors import PtoPatchError
+from pto_patch.run import graph_decode
+from pto_patch.run.compiling import CompileSetup, CompileWatch, per_step_guard
+from pto_patch.run.graph_decode import CACHE_BUCKET, install, static_cache_length
+from tests.spec_pipeline import run_in_fresh_process as run_cli
+
+COUNTING_TORCHAIR = Path(__file__).resolve().parent / "counting_torchair"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_static_cache_length_rounds_up_to_a_whole_bucket():
+    assert static_cache_length(1) == CACHE_BUCKET
+    assert static_cache_length(CACHE_BUCKET) == CACHE_BUCKET
+    assert static_cache_length(CACHE_BUCKET + 1) == 2 * CACHE_BUCKET
+    assert static_cache_length(0) == CACHE_BUCKET
+
+
+# --- the forward of a graph run, on a toy model ------------------------------------------------------
+
+
+class _Toy(torch.nn.Module):
+    """Stands for a decoder: config for the static cache, forward(input_ids, cache=...)."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import Qwen2Config
+
+        self.config = Qwen2Config(
+            num_hidden_layers=1, hidden_size=8, num_attention_heads=2, num_key_value_heads=1, vocab_size=16
+        )
+        self.eager_calls = 0
+
+    def forward(self, input_ids, cache=None, grow=None):
+        self.eager_calls += 1
+        return input_ids * 2 if grow is None else grow + 1
+
+
+def _steps(model, batch: int, prompt: int, steps: int, grow: bool = False) -> dict:
+    decode = graph_decode.installed(model)
+    ids = torch.ones(batch, prompt, dtype=torch.long)
+    with decode.generation(ids, steps) as extra:
+        model.forward(ids, **extra)  # prefill
+        for step in range(steps):
+            model.forward(ids[:, -1:], **extra, grow=torch.ones(step + 1) if grow else None)
+    return extra
+
+
+def test_prefill_runs_eagerly_and_every_decode_step_through_the_compiled_forward():
+    model = _Toy()
+    compiled_calls = []
+    install(model, lambda *a, **k: compiled_calls.append(a[0].shape) or a[0], static_cache=True)
+    first = _steps(model, batch=2, prompt=9, steps=5)
+    assert model.eager_calls == 1 and len(compiled_calls) == 5
+    again = _steps(model, batch=2, prompt=30, steps=5)  # another prompt in the same bucket
+    assert again["cache"] is first["cache"]  # the same cache, addresses kept: what a capture replays
+    other = _steps(model, batch=1, prompt=9, steps=5)
+    assert other["cache"] is not first["cache"]  # each batch size its own cache and capture
+    model.forward(torch.ones(1, 3, dtype=torch.long))  # outside a generation: as the model was
+    assert model.eager_calls == 4 and len(compiled_calls) == 15
+    decode = graph_decode.installed(model)
+    assert decode.prefills == 3 and [call.key for call in decode.calls[-1:]] == ["batch 1, static cache 256"]
+
+
+def _decode_step(input_ids, cache=None, grow=None):
+    return (
+        input_ids * 2 if grow is None else grow + 1
+    )  # `grow`: a tensor of a new length each step, as a growing cache
+
+
+def _watched(grow: bool, timed: bool):
+    torch._dynamo.reset()
+    model = _Toy()
+    compiled = torch.compile(_decode_step, backend="eager", dynamic=False)
+    decode = install(model, compiled, static_cache=not grow)
+    watch = CompileWatch(CompileSetup("eager", None, False, "static", decode=decode))
+    watch.switch("baseline")
+    _steps(model, batch=1, prompt=4, steps=6, grow=grow)
+    if timed:
+        with graph_decode.timed(model):
+            _steps(model, batch=1, prompt=4, steps=1, grow=False)
+            _steps(model, batch=3, prompt=4, steps=1, grow=False)  # a batch size no warm-up ran
+    return watch.finish()
+
+
+def test_a_decode_that_recompiles_per_step_fails_naming_the_guard():
+    steady = _watched(grow=False, timed=False)
+    assert steady.graph_failures() == []
+    assert steady.modes["baseline"].decode_graphs == {"batch 1, static cache 256": 1}
+    growing = _watched(grow=True, timed=False)
+    mode = growing.modes["baseline"]
+    assert mode.decode_steps == 6 and mode.decode_graphs == {"batch 1, dynamic cache": 6}
+    (failure,) = growing.graph_failures()
+    assert failure.startswith("baseline: decode recompiles per step under a graph run (6 graphs for batch 1")
+    assert "size mismatch" in failure  # the guard that failed, as torch words it
+    failures, _ = growing.failures_and_warnings()
+    assert failure in failures
+
+
+def test_the_guard_named_is_the_one_that_fails_every_step():
+    switch = "0/0: G['pto_kernels'].USE_PTO_RMS_NORM == False"
+    steps = [f"0/{n}: G['pto_kernels']._rms_norm.count.calls == {5 * n}" for n in range(2, 6)]
+    assert per_step_guard([switch, *steps, switch]) == steps[-1]
+    assert per_step_guard([]) == "no recompile reason recorded"
+
+
+def test_a_fullgraph_decode_that_breaks_is_one_line_naming_the_break():
+    from pto_patch.run.compiling import _whole
+
+    def step(x):
+        print("", end="")  # a builtin the tracer cannot put in a graph
+        return x + 1
+
+    torch._dynamo.reset()
+    decode = _whole(torch.compile(step, backend="eager", fullgraph=True, dynamic=False))
+    with pytest.raises(PtoPatchError) as raised:
+        decode(torch.ones(2))
+    message = raised.value.message
+    assert message.startswith("the decode step does not compile whole for ACL graph (fullgraph=True): ")
+    assert "print" in message and "\n" not in message and "--use_compile --cache static" in raised.value.hint
+
+
+def test_a_graph_compiled_while_timing_fails():
+    compilation = _watched(grow=False, timed=True)
+    assert compilation.modes["baseline"].timed_graphs == 1  # batch 3 compiled inside the timed run
+    assert compilation.graph_failures() == [
+        "baseline: timed runs compiled 1 graph(s): the timings hold compiles"
+    ]
+
+
+def test_a_static_cache_replay_counts_once_per_decode_step(monkeypatch):
+    """A captured decode step replays without Python: each step counts once as a replay of the ops
+    captured in it. The capture probe is a stand-in here (no CUDA/NPU)."""
+    from pto_patch.resources import kernels_dir
+
+    monkeypatch.syspath_prepend(str(kernels_dir()))
+    import pto_kernels
+    from pto_kernels import _dispatch
+
+    pto_kernels.enable(backend="torch")
+    pto_kernels.reset_stats()
+    capturing = {"on": False}
+    monkeypatch.setattr(_dispatch, "capturing", lambda device_type: capturing["on"])
+    x, w = torch.randn(1, 8), torch.ones(8)
+    model = _Toy()
+    captured = {"done": False}
+
+    def graph(input_ids, cache=None, grow=None):
+        if not captured["done"]:  # the first decode step captures: the op's body runs
+            capturing["on"], captured["done"] = True, True
+            torch.ops.pto_kernels.rms_norm(x, w, 1e-6)
+            capturing["on"] = False
+        return input_ids  # later steps replay on the device: no Python of the op runs
+
+    install(model, graph, static_cache=True, kernels=pto_kernels)
+    try:
+        _steps(model, batch=1, prompt=4, steps=6)
+        stats = pto_kernels.stats()["rms_norm"]
+        assert stats["captured"] == 1 and stats["calls"] == 1 and stats["replays"] == 5
+    finally:
+        pto_kernels.disable()
+        pto_kernels.reset_stats()
+
+
+# --- torchair's settings ------------------------------------------------------------------------------
+
+
+def _stand_in_torchair(monkeypatch):
+    spec = importlib.util.spec_from_file_location("torchair", COUNTING_TORCHAIR / "torchair" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "torchair", module)
+    return module
+
+
+def test_a_setting_torchair_rejects_stops_the_run_before_the_folder_is_read(monkeypatch, tmp_path):
+    from pto_patch.run.verification import VerifyOptions, verify_model
+
+    _stand_in_torchair(monkeypatch)
+    monkeypatch.setenv("COUNTING_TORCHAIR_WITHOUT", "tiling_schedule_optimize")  # an older release
+    options = VerifyOptions(
+        model_path=tmp_path / "no-such-folder", use_acl_graph=True, compile_backend="eager"
+    )
+    with pytest.raises(PtoPatchError) as raised:
+        verify_model(options)
+    message = raised.value.message
+    assert message.startswith(
+        "torchair rejects CompilerConfig().experimental_config.tiling_schedule_optimize"
+    )
+    assert "has no option tiling_schedule_optimize" in message and "\n" not in message
+    monkeypatch.delenv("COUNTING_TORCHAIR_WITHOUT")
+    with pytest.raises(PtoPatchError) as raised:  # every setting accepted: now the folder is what fails
+        verify_model(options)
+    assert "does not exist" in raised.value.message and "rejects" not in raised.value.message
+
+
+# --- verify and bench on a patched tiny model, with the counting torchair ----------------------------
+
+QUICK = ["--dtype", "fp32", "--warmup", "1", "--iters", "1", "--json"]
+
+
+def _run(args: list[str], home: Path, *, torchair: bool = True) -> tuple[int, dict, list[dict]]:
+    log = home / "torchair.jsonl"
+    log.unlink(missing_ok=True)
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "COUNTING_TORCHAIR_LOG")}
+    paths = [str(REPO)] + ([str(COUNTING_TORCHAIR)] if torchair else [])
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [saved["PYTHONPATH"]] if p])
+    os.environ["COUNTING_TORCHAIR_LOG"] = str(log)
+    try:
+        done = run_cli(args, home)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert done.stdout.strip(), done.stderr[-3000:]
+    graphs = (
+        [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+    )
+    return done.returncode, json.loads(done.stdout), graphs
+
+
+@pytest.fixture(scope="module")
+def eager_texts(patched_tiny: Path, tmp_path_factory) -> tuple[str, str]:
+    home = tmp_path_factory.mktemp("eager")
+    code, report, _ = _run(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--output_length", "16", *QUICK], home
+    )
+    assert code == 0, report
+    return report["accuracy"]["baseline_text"], report["accuracy"]["pto_text"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
+def test_verify_acl_graph_captures_decode_once_per_mode(
+    patched_tiny: Path, tmp_path: Path, batch, eager_texts
+):
+    code, report, graphs = _run(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_acl_graph", "--output_length", "16"]
+        + ["--batch", str(batch), *QUICK],
+        tmp_path,
+    )
+    assert code == 0 and report["passed"], report["failures"]
+    compilation = report["compilation"]
+    assert compilation["backend"] == "torchair" and compilation["cache"] == "static"
+    assert compilation["captured_phases"] == ["decode"] and compilation["prefill"] == "eager"
+    # what the stand-in was handed: at most 2 graphs per mode (here 1: decode; prefill runs eagerly)
+    assert 1 <= len(graphs) <= 2 * 2, graphs
+    assert all(g["mode"] == "reduce-overhead" for g in graphs)
+    noted = [w for w in report["warnings"] if w.startswith("torchair: ")]  # what torchair warned, passed on
+    assert any("tiling_schedule_optimize" in w for w in noted) and any("npugraph_ex" in w for w in noted)
+    assert all(g["frozen_parameter"] is True and g["tiling_schedule_optimize"] is True for g in graphs)
+    for name in ("baseline", "pto"):
+        mode = compilation["modes"][name]
+        assert mode["graphs"] <= 2 and mode["captures"] <= 2, mode
+        assert list(mode["decode_graphs"].values()) == [1] and mode["timed_graphs"] == 0, mode
+        assert mode["decode_steps"] >= 15  # 16 tokens: one prefill, then each step a replay
+    assert sum(m["graphs"] for m in compilation["modes"].values()) == len(graphs)
+    assert (report["accuracy"]["baseline_text"], report["accuracy"]["pto_text"]) == eager_texts
+
+
+@pytest.mark.slow
+def test_a_growing_cache_under_acl_graph_recompiles_per_step_and_fails(patched_tiny: Path, tmp_path: Path):
+    code, report, graphs = _run(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_acl_graph", "--cache", "dynamic"]
+        + ["--output_length", "8", *QUICK],  # 7 decode steps, 7 graphs a mode: enough to break the bound
+        tmp_path,
+    )
+    assert code == 3, report
+    assert len(graphs) > 2 * 2  # the bound the static cache meets, exceeded
+    recompiling = [f for f in report["failures"] if "decode recompiles per step" in f]
+    assert {f.split(":")[0] for f in recompiling} == {"baseline", "pto"}
+    assert all("size mismatch" in f for f in recompiling), recompiling
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_verify_compiled_with_a_static_cache_meets_the_same_bound(
+    patched_tiny: Path, tmp_path: Path, backend
+):
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    code, report, graphs = _run(
+        ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_compile", "--backend", backend]
+        + ["--cache", "static", "--output_length", "16", *QUICK],
+        tmp_path,
+        torchair=False,
+    )
+    assert code == 0 and report["passed"], report["failures"]
+    assert graphs == []  # torchair was never asked
+    compilation = report["compilation"]
+    assert compilation["backend"] == backend and compilation["dynamic"] is False
+    assert compilation["captured_phases"] == []  # the CPU captures nothing
+    for mode in compilation["modes"].values():
+        assert mode["graphs"] <= 2 and list(mode["decode_graphs"].values()) == [1], mode
+    assert report["accuracy"]["token_match_rate"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_acl_graph_times_replays_at_every_batch_size(patched_tiny: Path, tmp_path: Path):
+    code, result, graphs = _run(
+        ["bench", "--model-path", str(patched_tiny), "--use_acl_graph", "--batches", "1,2"]
+        + ["--output_length", "4", "--dtype", "fp32", "--warmup", "0", "--iters", "2", "--json"],
+        tmp_path,
+    )
+    assert code == 0 and result["passed"], result["failures"]
+    assert any("one untimed capture run per mode" in w for w in result["warnings"])
+    for mode in result["compilation"]["modes"].values():
+        assert sorted(mode["decode_graphs"]) == ["batch 1, static cache 256", "batch 2, static cache 256"]
+        assert set(mode["decode_graphs"].values()) == {1} and mode["timed_graphs"] == 0, mode
+    assert len(graphs) == 2 * 2  # two modes, two batch sizes: one capture each
+
+
+@pytest.mark.slow
+def test_a_kernel_that_reads_python_state_per_call_recompiles_per_step_and_fails(
+    patched_tiny: Path, tmp_path: Path
+):
+    """The wrappers trace their eager route again: its call counter becomes a guard that every step fails."""
+    import shutil
+
+    folder = tmp_path / "broken"
+    shutil.copytree(patched_tiny, folder, symlinks=True)
+    init = folder / "pto_kernels" / "__init__.py"
+    source = init.read_text(encoding="utf-8")
+    assert "_tracing = torch.compiler.is_compiling" in source
+    init.write_text(source.replace("_tracing = torch.compiler.is_compiling", "_tracing = lambda: False"))
+    code, report, _ = _run(
+        ["verify", "--model-path", str(folder), "--use_pto", "--ops", "rms_norm", "--use_acl_graph"]
+        + ["--output_length", "4", "--allow-modified", *QUICK],
+        tmp_path,
+    )
+    assert code == 3, report
+    (failure,) = [f for f in report["failures"] if "decode recompiles per step" in f]
+    assert failure.startswith("pto: ") and ".calls == " in failure, failure  # the counter, named
+    assert report["compilation"]["modes"]["baseline"]["decode_graphs"] == {"batch 1, static cache 256": 1}
+
+
+# --- the 910B projection's arithmetic ----------------------------------------------------------------
+
+
+def _projection_module():
+    spec = importlib.util.spec_from_file_location(
+        "bench_decode_projection", REPO / "benchmarks" / "bench_decode_projection.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_projection_sums_spans_captured_and_adds_launches_eager():
+    projection = _projection_module()
+    soc = {"ddr_rate_bytes_per_cycle": 32, "ai_core_cnt": 24, "cube_freq_mhz": 1850}
+    spans = {"attention_prologue": 20.0, "mlp_block": 120.0, "rms_norm": 2.0, "mrope": 7.0}
+    spans |= {"swiglu_mlp": 125.0, "linear_2048_2048": 10.0, "linear_2048_256": 8.0, "linear_lm_head": 350.0}
+    out = projection.project(
+        spans, context=1024, launch_us=10.0, launches={"blocks": 200, "baseline": 1000}, soc=soc
+    )
+    attention = out["attention_core_us_per_layer_estimate"]
+    kv_us = 2 * 2 * 128 * 1024 * 2 / (32 * 24 * 1850)
+    assert attention == pytest.approx(kv_us + 2.0, abs=0.01)
+    blocks = out["variants"]["fused"]
+    captured_us = 36 * (140.0 + attention) + 2.0 + 350.0
+    assert blocks["captured_ms"] == pytest.approx(captured_us / 1e3, abs=1e-3)
+    assert blocks["modeled_kernels"] == 36 * 3 + 2
+    assert blocks["eager_modeled_launches_ms"] == pytest.approx((captured_us + 110 * 10.0) / 1e3, abs=1e-3)
+    assert blocks["eager_all_launches_ms"] == pytest.approx((captured_us + 200 * 10.0) / 1e3, abs=1e-3)
+    per_op = out["variants"]["per_op"]
+    assert per_op["layer_kernels_us"] == pytest.approx(2 * 2.0 + 2 * 10.0 + 2 * 8.0 + 7.0 + 125.0)
+    assert out["baseline_launches_only_ms"] == pytest.approx(10.0)
+    assert 4.0 < out["weight_floor_ms"] < 4.8  # about 6.2 GB at about 1.42 TB/s
