@@ -30,8 +30,10 @@ def progress(budget_s: float) -> Iterator[Callable[[int, str, float], None]]:
 
 def _ratio(entry: dict) -> str:
     ratio = entry.get("ratio_to_baseline")
-    if not ratio:
+    if not ratio or ratio.get("median") is None:
         return "-"
+    if ratio.get("low") is None or ratio.get("high") is None:  # too few rounds for a band
+        return f"{ratio['median']:.3f} [no band]"
     return f"{ratio['median']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
 
 
