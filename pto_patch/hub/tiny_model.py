@@ -25,6 +25,7 @@ from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
 from pto_patch.hub import tiny_qwen3_vl
+from pto_patch.hub.tiny_processor import image_processor_config
 from pto_patch.hub.tiny_tokenizer import (
     CHAT_TEMPLATE,
     QWEN_ADDED_TOKENS,
@@ -254,24 +255,16 @@ def _config(spec: ModelSpec, sizes: _Sizes, vocab_size: int, token_ids: dict[str
 
 
 def _preprocessor_config() -> dict[str, Any]:
-    return {
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
-        "image_mean": IMAGE_MEAN,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "image_std": IMAGE_STD,
-        "max_pixels": MAX_PIXELS,
-        "merge_size": SPATIAL_MERGE,
-        "min_pixels": MIN_PIXELS,
-        "patch_size": PATCH_SIZE,
-        "processor_class": "Qwen2_5_VLProcessor",
-        "resample": 3,
-        "rescale_factor": 1 / 255,
-        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
-        "temporal_patch_size": TEMPORAL_PATCH,
-    }
+    return image_processor_config(
+        processor_class="Qwen2_5_VLProcessor",
+        patch_size=PATCH_SIZE,
+        merge_size=SPATIAL_MERGE,
+        temporal_patch_size=TEMPORAL_PATCH,
+        min_pixels=MIN_PIXELS,
+        max_pixels=MAX_PIXELS,
+        image_mean=IMAGE_MEAN,
+        image_std=IMAGE_STD,
+    )
 
 
 def _generation_config(token_ids: dict[str, int]) -> dict[str, Any]:

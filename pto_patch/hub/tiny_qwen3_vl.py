@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from pto_patch.hub.tiny_processor import image_processor_config
 from pto_patch.model.spec import ModelSpec
 
 # `sizes` below is tiny_model's _Sizes (the widths of one build); named by duck type, since tiny_model
@@ -91,24 +92,16 @@ def config(spec: ModelSpec, sizes: Any, vocab_size: int, token_ids: dict[str, in
 
 def preprocessor_config() -> dict[str, Any]:
     """The Pillow image processor (Qwen2VLImageProcessor) at Qwen3-VL's patch size and normalisation."""
-    return {
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
-        "image_mean": IMAGE_MEAN,
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "image_std": IMAGE_STD,
-        "max_pixels": MAX_PIXELS,
-        "merge_size": SPATIAL_MERGE,
-        "min_pixels": MIN_PIXELS,
-        "patch_size": PATCH_SIZE,
-        "processor_class": "Qwen3VLProcessor",
-        "resample": 3,
-        "rescale_factor": 1 / 255,
-        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
-        "temporal_patch_size": TEMPORAL_PATCH,
-    }
+    return image_processor_config(
+        processor_class="Qwen3VLProcessor",
+        patch_size=PATCH_SIZE,
+        merge_size=SPATIAL_MERGE,
+        temporal_patch_size=TEMPORAL_PATCH,
+        min_pixels=MIN_PIXELS,
+        max_pixels=MAX_PIXELS,
+        image_mean=IMAGE_MEAN,
+        image_std=IMAGE_STD,
+    )
 
 
 def weight_layout(sizes: Any, vocab_size: int, tied: bool) -> Iterator[tuple[str, tuple[int, ...], str]]:
