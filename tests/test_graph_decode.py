@@ -386,3 +386,56 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     assert per_op["layer_kernels_us"] == pytest.approx(2 * 2.0 + 2 * 10.0 + 2 * 8.0 + 7.0 + 125.0)
     assert out["baseline_launches_only_ms"] == pytest.approx(10.0)
     assert 4.0 < out["weight_floor_ms"] < 4.8  # about 6.2 GB at about 1.42 TB/s
+
+
+# --- tune measures replays too --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned_tiny(tmp_path_factory) -> Path:
+    """A patched tiny folder of its own: tune writes its tuning file into the folder."""
+    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.patching import engine
+
+    folder = tmp_path_factory.mktemp("tune") / "GutenOCR-tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    return folder
+
+
+TUNE_QUICK = ["--ops", "rms_norm", "--kernel-backend", "fused", "--batches", "1", "--output_length", "6"]
+TUNE_QUICK += ["--warmup", "0", "--iters", "2", "--budget-s", "300", "--dtype", "fp32", "--json"]
+
+
+@pytest.mark.slow
+def test_tune_under_acl_graph_measures_replays_of_one_capture_per_candidate(tuned_tiny: Path, tmp_path: Path):
+    code, result, graphs = _run(
+        ["tune", "--model-path", str(tuned_tiny), "--use_acl_graph", *TUNE_QUICK], tmp_path
+    )
+    assert code == 0 and result["passed"], result["failures"]
+    assert any("one untimed capture run per candidate" in w for w in result["warnings"])  # --warmup 0 raised
+    compilation = result["compilation"]
+    assert compilation["cache"] == "static" and compilation["captured_phases"] == ["decode"]
+    assert set(compilation["modes"]) == {"baseline", "rms_norm=fused"}
+    for mode in compilation["modes"].values():
+        assert mode["timed_graphs"] == 0 and all(n <= 1 for n in mode["decode_graphs"].values()), mode
+    assert len(graphs) <= 2 * 2  # two candidates at one batch size: the probe's and the warm-up's captures
+    assert result["tuning_file"] is not None
+
+
+@pytest.mark.slow
+def test_tune_whose_decode_recompiles_per_step_fails_and_writes_no_tuning(tmp_path: Path):
+    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.patching import engine
+
+    folder = tmp_path / "GutenOCR-tiny"
+    make_tiny(folder)
+    engine.apply_patch(model_path=folder)
+    code, result, graphs = _run(
+        ["tune", "--model-path", str(folder), "--use_acl_graph", "--cache", "dynamic", *TUNE_QUICK], tmp_path
+    )
+    assert code == 3, result
+    recompiling = [f for f in result["failures"] if "decode recompiles per step" in f]
+    assert recompiling and all("size mismatch" in f for f in recompiling), result["failures"]
+    assert len(graphs) > 2 * 2
+    assert result["tuning_file"] is None and not (folder / ".pto_patch" / "tuning.json").exists()

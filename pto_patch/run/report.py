@@ -528,6 +528,7 @@ class TuneResult(Verdict):
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    compilation: dict[str, Any] | None = None  # a compiled tune: per candidate what the compiler did
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -550,4 +551,5 @@ class TuneResult(Verdict):
             "batches": list(self.batches),
             "tuning_file": self.tuning_file,
             "options": dict(self.options),
+            "compilation": self.compilation,
         }

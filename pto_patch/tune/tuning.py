@@ -21,7 +21,8 @@ from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import load_spec
 from pto_patch.patching import folder_lock
 from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, tuning_path, write_tuning
-from pto_patch.run.compiling import apply_compile
+from pto_patch.run import graph_decode
+from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.generation import generate
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
@@ -101,7 +102,8 @@ def timed_run(loaded, kernels, inputs, candidate: Candidate, new_tokens: int):
 
 
 def tokens_per_s(loaded, kernels, inputs, candidate: Candidate, new_tokens: int) -> float:
-    run = timed_run(loaded, kernels, inputs, candidate, new_tokens)
+    with graph_decode.timed(loaded.model):  # a graph compiled while measuring is counted against the run
+        run = timed_run(loaded, kernels, inputs, candidate, new_tokens)
     return run.new_tokens.numel() / run.seconds if run.seconds > 0 else 0.0
 
 
@@ -253,7 +255,13 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     # How long a warm-up takes, so that none starts that would end past the budget: scaled linearly in
     # batch size from the last one measured (an overstatement: decode is memory bound).
     warm_up_s, warm_up_batch = probe_s * WARM_UP_NEW_TOKENS / PROBE_NEW_TOKENS, 1
-    rules = Rules(warmup=options.warmup, max_rounds=options.iters, min_gain=options.min_gain)
+    warmup = options.warmup
+    if compiled is not None and compiled.decode is not None and warmup < 1:
+        warmup = 1  # a graph run's warm-up captures what the measured runs replay
+        warnings.append("a graph run measures replays: one untimed capture run per candidate and batch size")
+    rules = Rules(warmup=warmup, max_rounds=options.iters, min_gain=options.min_gain)
+    # Made after the probes: what the compiler does is attributed to the candidate measured when it moved.
+    watch = CompileWatch(compiled) if compiled is not None else None
 
     for index, batch in enumerate(batches):
         inputs = repeat_for_batch(single, batch, device)
@@ -261,6 +269,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         deadline = clock() + max(left, 0.0) / (len(batches) - index)
 
         def run_once(candidate: Candidate, inputs=inputs, batch=batch) -> float:
+            if watch is not None:
+                watch.switch(candidate.label)
             speed = tokens_per_s(loaded, kernels, inputs, candidate, options.output_length)
             if on_run is not None:
                 on_run(batch, candidate.label, clock() - began)
@@ -269,6 +279,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         warm_ups: list[float] = []
 
         def warm_up(candidate: Candidate, inputs=inputs, batch=batch, warm_ups=warm_ups) -> float:
+            if watch is not None:
+                watch.switch(candidate.label)
             started = clock()
             run = timed_run(
                 loaded, kernels, inputs, candidate, min(WARM_UP_NEW_TOKENS, options.output_length)
@@ -299,6 +311,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         if warning is not None:
             warnings.append(warning)
 
+    compilation = finish_watch(watch, failures, warnings)
+    result.compilation = None if compilation is None else compilation.to_json()
     header = {
         "device": reader.device_identity(device.name),
         "versions": reader.release_versions(),
@@ -326,6 +340,8 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         "header": header,
         "batches": result.batches,
     }
+    if compilation is not None and compilation.graph_failures():
+        return result  # timings that hold compiles decide nothing: no tuning is written from them
     previous = tuning_path(loaded.folder)
     if previous.exists() and all(entry["decided"] == DECIDED_OUT_OF_TIME for entry in result.batches):
         # a run that decided nothing says nothing against an earlier tuning: keep that one

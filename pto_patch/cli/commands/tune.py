@@ -7,7 +7,11 @@ from typing import Annotated
 import typer
 
 from pto_patch.cli.options import (
+    AclGraphOpt,
     AllowModifiedOpt,
+    CacheOpt,
+    CompileBackendOpt,
+    CompileModeOpt,
     DeviceOpt,
     DtypeOpt,
     ImageOpt,
@@ -18,6 +22,7 @@ from pto_patch.cli.options import (
     OutputLengthOpt,
     PromptOpt,
     SimplePromptOpt,
+    UseCompileOpt,
     app,
     as_options,
 )
@@ -59,6 +64,11 @@ def tune(
         float,
         typer.Option("--min-gain", "--min_gain", help="Smallest gain worth switching on, e.g. 0.01 for 1 %."),
     ] = 0.0,
+    use_compile: UseCompileOpt = False,
+    compile_backend: CompileBackendOpt = "inductor",
+    compile_mode: CompileModeOpt = None,
+    use_acl_graph: AclGraphOpt = False,
+    cache: CacheOpt = "auto",
     allow_modified: AllowModifiedOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
