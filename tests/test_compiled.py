@@ -380,10 +380,11 @@ def test_bench_compiled_compares_compiled_modes_and_writes_the_compilation(
     patched_tiny: Path, tmp_path: Path
 ):
     done = run_cli(
-        ["bench", "--model-path", str(patched_tiny), "--batches", "1,2", "--output_length", "4", "--json"]
+        ["bench", "--model-path", str(patched_tiny), "--batches", "1,2", "--output_length", "4", "--json",
+         "--output-dir", str(tmp_path)]
         + COMPILED_RUN,
         tmp_path,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     result = json.loads(done.stdout)
     assert result["passed"] and [run["batch"] for run in result["runs"]] == [1, 2]

@@ -183,9 +183,23 @@ def test_hub_kernels_without_a_kernels_package_is_a_usage_error(tmp_path: Path, 
 
     make_tiny(tmp_path / "tiny")
     engine.apply_patch(model_path=tmp_path / "tiny")
+    kernels_before = sys.modules.get("pto_kernels")
     with pytest.raises(SystemExit) as exit_info:
-        main(["verify", "--model-path", str(tmp_path / "tiny"), "--hub-kernels", "--dtype", "fp32"])
+        main(
+            [
+                "verify",
+                "--model-path",
+                str(tmp_path / "tiny"),
+                "--use_pto",
+                "--hub-kernels",
+                "--dtype",
+                "fp32",
+            ]
+        )
     assert exit_info.value.code == 2
+    assert (
+        sys.modules.get("pto_kernels") is kernels_before
+    )  # refused before the folder's kernels were imported
     err = capsys.readouterr().err
     assert "--hub-kernels: no `kernels` package is installed" in err
     assert "pip install 'kernels>=0.19.1,<0.20'" in err

@@ -43,6 +43,7 @@ import torch, transformers
 from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import Manifest
+from pto_patch.run.hub_kernels import load_arguments
 from pto_patch.run.ocr_inputs import build_inputs, sample_image
 from tests.folder_snapshot import snapshot
 
@@ -70,6 +71,7 @@ facts["classes_sharing_a_transformers_name"] = sorted(
 from transformers import AutoModelForImageTextToText, Qwen3VLForConditionalGeneration
 
 dtype = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+dtype |= load_arguments(False)  # 5.25 kernelizes by default and refuses without `kernels` installed
 patched, info = AutoModelForImageTextToText.from_pretrained(
     str(folder), trust_remote_code=True, output_loading_info=True, attn_implementation="eager", **dtype
 )
@@ -287,7 +289,9 @@ def test_attention_prologue_is_refused_with_its_reason(tmp_path: Path, capsys):
 
     folder = make_tiny(tmp_path / "tiny", model=MODEL, layers=1).path
     before = snapshot(folder)
-    assert run_cli("apply", "--model", MODEL, "--model-path", str(folder), "--ops", "attention_prologue") == 1
+    assert (
+        run_cli("apply", "--model", MODEL, "--model-path", str(folder), "--ops", "attention_prologue") == 2
+    )  # a bad --ops value
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "attention_prologue is not available for Qwen3-VL" in lines[0], lines
     assert "q_norm" in lines[0] and lines[1].startswith("hint: leave it out")

@@ -4,7 +4,6 @@ and whole decisions through the real pto_kernels switches with a test backend th
 import itertools
 import math
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -200,46 +199,63 @@ def test_combinations_come_from_the_ops_that_won_alone():
     }
 
 
-# --- whole decisions through the real switches, with a test backend that sleeps -------------------
+# --- whole decisions through the real switches, with a test backend that spends simulated time ---------
+# The time each op takes is simulated (a wall-clock sleep is at the mercy of a loaded machine), with a
+# deterministic run-to-run wobble of a few percent so that the noise bands are not zero wide.
 
 
-def _sleepy_backend(kernel_s: dict[str, float]) -> types.ModuleType:
-    module = types.ModuleType("sleepy_backend")
-    module.rms_norm = lambda x, w, eps=1e-6: time.sleep(kernel_s["rms_norm"])
-    module.mrope = lambda q, k, cos, sin, section, dim=1: time.sleep(kernel_s["mrope"])
-    module.swiglu_mlp = lambda mlp, x: time.sleep(kernel_s["swiglu_mlp"])
+class _Clock:
+    def __init__(self) -> None:
+        self.elapsed, self.runs = 0.0, 0
+
+    def spend(self, seconds: float) -> None:
+        self.elapsed += seconds
+
+    def rate(self) -> float:
+        """Steps per second of the run just made, wobbled by up to 3% (a fixed pattern, not a seed)."""
+        self.runs += 1
+        wobble = 1.0 + 0.03 * ((self.runs * 7) % 5 - 2) / 2
+        spent, self.elapsed = self.elapsed * wobble, 0.0
+        return 1.0 / spent
+
+
+def _simulated_backend(clock: _Clock, kernel_s: dict[str, float]) -> types.ModuleType:
+    module = types.ModuleType("simulated_backend")
+    module.rms_norm = lambda x, w, eps=1e-6: clock.spend(kernel_s["rms_norm"])
+    module.mrope = lambda q, k, cos, sin, section, dim=1: clock.spend(kernel_s["mrope"])
+    module.swiglu_mlp = lambda mlp, x: clock.spend(kernel_s["swiglu_mlp"])
     return module
 
 
-def _model_step(eager_s: dict[str, float], layers: int = 1) -> float:
+def _model_step(clock: _Clock, eager_s: dict[str, float], layers: int = 1) -> float:
     """A "decode step" whose ops go through the guards as the patched modeling code has them."""
-    started = time.perf_counter()
     for _ in range(layers):
         kernels = sys.modules.get("pto_kernels")
         if kernels is not None and kernels.USE_PTO_RMS_NORM:
             kernels.rms_norm_wrapper(None, None, 1e-6)
         else:
-            time.sleep(eager_s["rms_norm"])
+            clock.spend(eager_s["rms_norm"])
         if kernels is not None and kernels.USE_PTO_MROPE:
             kernels.mrope_pto_correct(None, None, None, None, [1, 1, 1])
         else:
-            time.sleep(eager_s["mrope"])
+            clock.spend(eager_s["mrope"])
         if kernels is not None and kernels.USE_PTO_SWIGLU_MLP:
             kernels.swiglu_mlp_wrapper(None, None)
         else:
-            time.sleep(eager_s["swiglu_mlp"])
-    return 1.0 / (time.perf_counter() - started)
+            clock.spend(eager_s["swiglu_mlp"])
+    return clock.rate()
 
 
-def _tune_with_sleeps(monkeypatch, eager_s, kernel_s):
-    monkeypatch.setitem(_dispatch._modules, "fused", _sleepy_backend(kernel_s))
+def _tune_with_simulated_time(monkeypatch, eager_s, kernel_s):
+    clock = _Clock()
+    monkeypatch.setitem(_dispatch._modules, "fused", _simulated_backend(clock, kernel_s))
 
     def run_once(candidate):
         if candidate.is_baseline:
             pto_kernels.disable()
         else:
             pto_kernels.enable(candidate.op_names, backend=candidate.as_dict())
-        return _model_step(eager_s)
+        return _model_step(clock, eager_s)
 
     try:
         alone = ts.singles(["rms_norm", "mrope", "swiglu_mlp"], ["fused"])
@@ -251,7 +267,7 @@ def _tune_with_sleeps(monkeypatch, eager_s, kernel_s):
 
 def test_every_op_made_slower_switches_nothing_on(monkeypatch):
     eager = dict.fromkeys(("rms_norm", "mrope", "swiglu_mlp"), 0.03)
-    decision = _tune_with_sleeps(monkeypatch, eager, dict.fromkeys(eager, 0.06))
+    decision = _tune_with_simulated_time(monkeypatch, eager, dict.fromkeys(eager, 0.06))
     assert decision.chosen is None and decision.chosen_ops == {}
     assert {entry.verdict for entry in decision.tried} == {ts.SLOWER}
     assert decision.stages == 1
@@ -260,7 +276,7 @@ def test_every_op_made_slower_switches_nothing_on(monkeypatch):
 def test_the_op_made_faster_is_switched_on(monkeypatch):
     eager = dict.fromkeys(("rms_norm", "mrope", "swiglu_mlp"), 0.03)
     kernel = {"rms_norm": 0.06, "mrope": 0.06, "swiglu_mlp": 0.003}
-    decision = _tune_with_sleeps(monkeypatch, eager, kernel)
+    decision = _tune_with_simulated_time(monkeypatch, eager, kernel)
     assert decision.chosen_ops == {"swiglu_mlp": "fused"}
     assert decision.chosen.band.low > 1.0 and decision.confirmation.verdict == ts.FASTER
     assert pto_kernels.stats()["swiglu_mlp"]["backends"].get("fused", 0) > 0

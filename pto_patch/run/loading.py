@@ -122,6 +122,7 @@ def load_model(
     """Check the folder, import its kernel package, and load the model once (remote code, eager attention,
     hub kernels only with `hub_kernels`: see `pto_patch.run.hub_kernels`)."""
     state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
+    check_hub_kernels(hub_kernels)  # a usage error: refused before the folder's kernels are imported
     kernels = None
     if use_pto:
         kernels = import_folder_kernels(folder)
@@ -132,7 +133,6 @@ def load_model(
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # the rendered report is the output
-    check_hub_kernels(hub_kernels)
 
     torch_dtype = resolve_dtype(dtype_name)
     started = time.perf_counter()
