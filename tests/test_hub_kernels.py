@@ -197,9 +197,8 @@ def test_hub_kernels_without_a_kernels_package_is_a_usage_error(tmp_path: Path, 
             ]
         )
     assert exit_info.value.code == 2
-    assert (
-        sys.modules.get("pto_kernels") is kernels_before
-    )  # refused before the folder's kernels were imported
+    # refused before the folder's kernels were imported
+    assert sys.modules.get("pto_kernels") is kernels_before
     err = capsys.readouterr().err
     assert "--hub-kernels: no `kernels` package is installed" in err
     assert "pip install 'kernels>=0.19.1,<0.20'" in err

@@ -70,12 +70,12 @@ facts["classes_sharing_a_transformers_name"] = sorted(
 
 from transformers import AutoModelForImageTextToText, Qwen3VLForConditionalGeneration
 
-dtype = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
-dtype |= load_arguments(False)  # 5.25 kernelizes by default and refuses without `kernels` installed
+load_kwargs = {"dtype": torch.float32} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+load_kwargs |= load_arguments(False)  # 5.25 kernelizes by default and refuses without `kernels` installed
 patched, info = AutoModelForImageTextToText.from_pretrained(
-    str(folder), trust_remote_code=True, output_loading_info=True, attn_implementation="eager", **dtype
+    str(folder), trust_remote_code=True, output_loading_info=True, attn_implementation="eager", **load_kwargs
 )
-stock = Qwen3VLForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", **dtype)
+stock = Qwen3VLForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", **load_kwargs)
 facts["class"], facts["module"] = type(patched).__name__, type(patched).__module__
 facts["missing"], facts["unexpected"] = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
 facts["layers"] = config["num_hidden_layers"]
@@ -289,9 +289,8 @@ def test_attention_prologue_is_refused_with_its_reason(tmp_path: Path, capsys):
 
     folder = make_tiny(tmp_path / "tiny", model=MODEL, layers=1).path
     before = snapshot(folder)
-    assert (
-        run_cli("apply", "--model", MODEL, "--model-path", str(folder), "--ops", "attention_prologue") == 2
-    )  # a bad --ops value
+    refused = run_cli("apply", "--model", MODEL, "--model-path", str(folder), "--ops", "attention_prologue")
+    assert refused == 2  # a bad --ops value
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and "attention_prologue is not available for Qwen3-VL" in lines[0], lines
     assert "q_norm" in lines[0] and lines[1].startswith("hint: leave it out")

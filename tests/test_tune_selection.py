@@ -1,5 +1,5 @@
 """tune's choice from measurements: noise bands, alternating rounds, repeats sized to the spread,
-and whole decisions through the real pto_kernels switches with a test backend that sleeps."""
+and whole decisions through the real pto_kernels switches with a test backend that spends simulated time."""
 
 import itertools
 import math

@@ -21,7 +21,7 @@ from pto_patch.patching.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
 from pto_patch.run.folder import FolderState, check_folder
-from pto_patch.run.hub_kernels import check_hub_kernels, describe_hub_kernels, load_arguments
+from pto_patch.run.hub_kernels import describe_hub_kernels, load_arguments
 from pto_patch.run.report import LoadInfo, OtherPatcher
 
 _ROPE_DATA_KEYS = ("head_dim", "hidden_size", "num_attention_heads", *ROPE_KEYS)
@@ -122,7 +122,6 @@ def load_model(
     """Check the folder, import its kernel package, and load the model once (remote code, eager attention,
     hub kernels only with `hub_kernels`: see `pto_patch.run.hub_kernels`)."""
     state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
-    check_hub_kernels(hub_kernels)  # a usage error: refused before the folder's kernels are imported
     kernels = None
     if use_pto:
         kernels = import_folder_kernels(folder)

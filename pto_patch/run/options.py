@@ -11,6 +11,7 @@ from pto_patch.model.spec import ModelSpec, parse_ops
 from pto_patch.run.acl_graph import check_settings
 from pto_patch.run.device import dtype_key
 from pto_patch.run.graph_decode import CACHE_KINDS
+from pto_patch.run.hub_kernels import check_hub_kernels
 from pto_patch.run.ops import KERNEL_BACKENDS
 
 
@@ -93,6 +94,7 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         check_compile_backend(options.compile_backend)
     if options.use_acl_graph:
         check_settings()  # a setting the installed torchair rejects stops the run here, not after loading
+    check_hub_kernels(options.hub_kernels)  # so does --hub-kernels without a `kernels` transformers takes
 
 
 def check_compile_backend(name: str) -> None:
