@@ -55,12 +55,27 @@ PINS: dict[str, tuple[str, ...]] = {
     "5.0.0": _HUB_1 + _TOKENIZERS_0_22,
     "5.8.1": _HUB_1 + _TOKENIZERS_0_22,
     "5.16.1": _HUB_1,
+    "5.24.0": (),  # the first release that takes generate(cache=...); the venv's hub, tokenizers fit
     "5.25.0": (),  # the venv's hub 2.4, tokenizers 0.23 and safetensors 0.8 fit; kernels: see below
 }
-# Per release, requirements left unmet on purpose. 5.25 requires kernels>=0.19.1,<0.20, which the
-# index these machines reach does not have (it stops at 0.17.2): the env is what a user gets after
-# `pip install --no-deps`, and a test that wants kernels puts tests/stand_in_kernels/ on the path.
+# Per release, requirements left unmet on purpose. 5.25 requires kernels>=0.19.1,<0.20: its env is what a
+# user gets after `pip install --no-deps`, and a test that wants kernels puts tests/stand_in_kernels/ on
+# the path (the real kernels 0.19 needs the hub for its layers).
 LEFT_OUT: dict[str, tuple[str, ...]] = {"5.25.0": ("kernels",)}
+# The venv's own transformers (5.25) pulls in kernels 0.19, which no other release asks for and which
+# 5.0 and 5.8 cannot even import beside ("Either a revision or a version must be specified"): every env
+# hides the venv's copy, as `pip install transformers==X` leaves none. A `kernels` put first on
+# PYTHONPATH (the stand-in) stays visible.
+HIDE_VENV_KERNELS = """\
+# Written by tests/release_envs.py: this env is what `pip install transformers==X` gives, without `kernels`.
+import importlib.util as _util
+import os as _os
+import sys as _sys
+
+_spec = _util.find_spec("kernels")
+if _spec is not None and _spec.origin and _os.path.realpath(_spec.origin).startswith({venv!r}):
+    _sys.modules["kernels"] = None  # `import kernels` fails and find_spec says None, as if not installed
+"""
 ENV_RELEASES = tuple(PINS)  # what the release matrix runs under, beside the venv's own release
 # A requirement met by another distribution that ships the same import package.
 PROVIDED_BY = {"typer-slim": "typer"}  # 5.0 asks for typer-slim; the venv's typer provides `typer`
@@ -175,8 +190,28 @@ def _read_marker(folder: Path) -> dict | None:
         return None
 
 
+def _hide_venv_kernels(site: Path) -> None:
+    """Write the env's sitecustomize (HIDE_VENV_KERNELS), atomically, when it is missing or differs."""
+    import sysconfig
+
+    venv = os.path.realpath(sysconfig.get_paths()["purelib"]) + os.sep
+    text = HIDE_VENV_KERNELS.format(venv=venv)
+    target = site / "sitecustomize.py"
+    if target.is_file() and target.read_text(encoding="utf-8") == text:
+        return
+    temporary = site / f".sitecustomize.{os.getpid()}.tmp"
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, target)
+
+
 def release_env(release: str) -> ReleaseEnv:
     """The cached --target folder for `release`, built on first use (see the module docstring)."""
+    env = _release_env(release)
+    _hide_venv_kernels(env.site)
+    return env
+
+
+def _release_env(release: str) -> ReleaseEnv:
     if release not in PINS:
         raise KeyError(f"no pins for transformers {release}; add them to PINS in {__file__}")
     folder = envs_root() / release

@@ -49,7 +49,7 @@ class _Toy(torch.nn.Module):
         )
         self.eager_calls = 0
 
-    def forward(self, input_ids, cache=None, grow=None):
+    def forward(self, input_ids, cache=None, past_key_values=None, grow=None):
         self.eager_calls += 1
         return input_ids * 2 if grow is None else grow + 1
 
@@ -64,6 +64,15 @@ def _steps(model, batch: int, prompt: int, steps: int, grow: bool = False) -> di
     return extra
 
 
+@pytest.mark.parametrize(
+    ("release", "keyword"),
+    [("4.57.6", "past_key_values"), ("5.8.1", "past_key_values"), ("5.23.0", "past_key_values"),
+     ("5.24.0", "cache"), ("5.25.0", "cache"), ("6.0.0.dev0", "cache")],
+)  # fmt: skip
+def test_the_static_cache_goes_under_the_keyword_the_release_takes(release, keyword):
+    assert graph_decode.cache_keyword(release) == keyword
+
+
 def test_prefill_runs_eagerly_and_every_decode_step_through_the_compiled_forward():
     model = _Toy()
     compiled_calls = []
@@ -71,16 +80,18 @@ def test_prefill_runs_eagerly_and_every_decode_step_through_the_compiled_forward
     first = _steps(model, batch=2, prompt=9, steps=5)
     assert model.eager_calls == 1 and len(compiled_calls) == 5
     again = _steps(model, batch=2, prompt=30, steps=5)  # another prompt in the same bucket
-    assert again["cache"] is first["cache"]  # the same cache, addresses kept: what a capture replays
+    keyword = graph_decode.cache_keyword()
+    assert list(first) == [keyword]
+    assert again[keyword] is first[keyword]  # the same cache, addresses kept: what a capture replays
     other = _steps(model, batch=1, prompt=9, steps=5)
-    assert other["cache"] is not first["cache"]  # each batch size its own cache and capture
+    assert other[keyword] is not first[keyword]  # each batch size its own cache and capture
     model.forward(torch.ones(1, 3, dtype=torch.long))  # outside a generation: as the model was
     assert model.eager_calls == 4 and len(compiled_calls) == 15
     decode = graph_decode.installed(model)
     assert decode.prefills == 3 and [call.key for call in decode.calls[-1:]] == ["batch 1, static cache 256"]
 
 
-def _decode_step(input_ids, cache=None, grow=None):
+def _decode_step(input_ids, cache=None, past_key_values=None, grow=None):
     return (
         input_ids * 2 if grow is None else grow + 1
     )  # `grow`: a tensor of a new length each step, as a growing cache
@@ -163,7 +174,7 @@ def test_a_static_cache_replay_counts_once_per_decode_step(monkeypatch):
     model = _Toy()
     captured = {"done": False}
 
-    def graph(input_ids, cache=None, grow=None):
+    def graph(input_ids, cache=None, past_key_values=None, grow=None):
         if not captured["done"]:  # the first decode step captures: the op's body runs
             capturing["on"], captured["done"] = True, True
             torch.ops.pto_kernels.rms_norm(x, w, 1e-6)
@@ -439,3 +450,21 @@ def test_tune_whose_decode_recompiles_per_step_fails_and_writes_no_tuning(tmp_pa
     assert recompiling and all("size mismatch" in f for f in recompiling), result["failures"]
     assert len(graphs) > 2 * 2
     assert result["tuning_file"] is None and not (folder / ".pto_patch" / "tuning.json").exists()
+
+
+def test_a_release_whose_static_cache_differs_is_refused_before_the_folder_is_read(monkeypatch, tmp_path):
+    import transformers
+
+    from pto_patch.run.verification import VerifyOptions, verify_model
+
+    options = VerifyOptions(model_path=tmp_path / "no-such-folder", use_compile=True, cache="static")
+    monkeypatch.setattr(transformers, "__version__", "4.56.2")
+    with pytest.raises(PtoPatchError) as raised:
+        verify_model(options)
+    message = raised.value.message
+    assert message.startswith("transformers 4.56.2 cannot run a graph decode") and "\n" not in message
+    assert "--use_acl_graph" in raised.value.hint
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")  # the floor: now the folder is what fails
+    with pytest.raises(PtoPatchError) as raised:
+        verify_model(options)
+    assert "does not exist" in raised.value.message

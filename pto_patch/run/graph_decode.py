@@ -19,6 +19,7 @@ cache, the graphs torch compiled during it, whether it was timed) for `CompileWa
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +32,42 @@ STATIC = "static"
 DYNAMIC = "dynamic"
 AUTO = "auto"
 CACHE_KINDS = (AUTO, STATIC, DYNAMIC)
+# generate() takes a cache object as `cache` from transformers 5.24.0 (`past_key_values` is then a
+# deprecated alias, removed in 5.40); 4.57.6 through 5.23 take `past_key_values` and refuse an unknown
+# model keyword ("The following `model_kwargs` are not used by the model").
+CACHE_KEYWORD_SINCE = (5, 24)
+
+
+def cache_keyword(release: str | None = None) -> str:
+    """The keyword under which `release` (default: the installed transformers) takes a cache object."""
+    return "cache" if _release(release)[1] >= CACHE_KEYWORD_SINCE else "past_key_values"
+
+
+# The oldest release whose StaticCache takes (config, max_cache_len) and sizes its batch on first use, as
+# this module builds it: the layered caches of 4.56, tested from 4.57.6 (the floor pyproject declares).
+STATIC_CACHE_SINCE = (4, 57)
+
+
+def _release(release: str | None) -> tuple[str, tuple[int, int]]:
+    if release is None:
+        import transformers
+
+        release = transformers.__version__
+    major, minor = (int(part) for part in re.match(r"(\d+)\.(\d+)", release).groups())
+    return release, (major, minor)
+
+
+def check_release(release: str | None = None) -> None:
+    """Refuse a graph run (a static cache) on a transformers release it cannot work on, before loading."""
+    from pto_patch.errors import PtoPatchError
+
+    release, version = _release(release)
+    if version < STATIC_CACHE_SINCE:
+        raise PtoPatchError(
+            f"transformers {release} cannot run a graph decode: its StaticCache is built another way "
+            f"(pto-patch's graph runs need {'.'.join(map(str, STATIC_CACHE_SINCE))} or newer)",
+            "pip install 'transformers>=4.57.6,<5.26', or run without --use_acl_graph and --cache static",
+        )
 
 
 def static_cache_length(tokens: int, bucket: int = CACHE_BUCKET) -> int:
@@ -69,6 +106,7 @@ class GraphDecode:
         self._caches: dict[tuple[int, int], Any] = {}
         self._key: str | None = None  # set inside a generation only
         self._step = 0
+        self.keyword = cache_keyword()
 
     def reserve(self, new_tokens: int) -> None:
         """Size the caches for generations of up to `new_tokens`, so warm-ups and timed runs share them."""
@@ -94,7 +132,7 @@ class GraphDecode:
                 )
             else:
                 cache.reset()
-            extra["cache"] = cache
+            extra[self.keyword] = cache
             self._key = f"batch {batch}, static cache {length}"
         else:
             self._key = f"batch {batch}, dynamic cache"

@@ -8,6 +8,7 @@ from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import ModelSpec, parse_ops
+from pto_patch.run import graph_decode
 from pto_patch.run.acl_graph import check_settings
 from pto_patch.run.device import dtype_key
 from pto_patch.run.graph_decode import CACHE_KINDS
@@ -92,6 +93,10 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         )
     if options.use_compile or options.use_acl_graph:
         check_compile_backend(options.compile_backend)
+        from pto_patch.run.compiling import cache_kind
+
+        if cache_kind(options) == graph_decode.STATIC:
+            graph_decode.check_release()  # a transformers whose static cache differs stops here
     if options.use_acl_graph:
         check_settings()  # a setting the installed torchair rejects stops the run here, not after loading
     check_hub_kernels(options.hub_kernels)  # so does --hub-kernels without a `kernels` transformers takes

@@ -1,0 +1,112 @@
+"""Graph and compiled runs under every transformers release of the matrix, not only the venv's own.
+
+transformers takes the static cache under another keyword before 5.24 (`past_key_values`; `cache` from
+5.24.0), and 4.57.6 refuses an unknown keyword outright: a graph run built on one release stops at the first
+token on another. For each release (tests/release_envs.py), a fresh interpreter with that release first on
+PYTHONPATH and the counting torchair stand-in beside it runs, through the CLI: make-tiny, apply,
+`verify --use_pto --use_acl_graph` (decode captured once per mode: at most 2 graphs per mode, one per batch and
+cache, none while timed, tokens equal) and `verify --use_pto --use_compile --cache static` (the same bound
+under torch.compile). The venv's own release runs the same checks in tests/test_graph_decode.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.release_envs import ENV_RELEASES, EnvUnavailable, release_env
+
+REPO = Path(__file__).resolve().parents[1]
+COUNTING_TORCHAIR = Path(__file__).resolve().parent / "counting_torchair"
+FAST = ["--dtype", "fp32", "--warmup", "1", "--iters", "1", "--output_length", "8", "--json"]
+TIMEOUT_S = 600
+
+
+def cli(release_site: Path, home: Path, args: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    log = home / "torchair.jsonl"
+    log.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(release_site), str(REPO), str(COUNTING_TORCHAIR)]),
+        "PYTHONNOUSERSITE": "1",
+        "HF_HOME": str(home / "hf"),
+        "HF_MODULES_CACHE": str(home / "hf-modules"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "COUNTING_TORCHAIR_LOG": str(log),
+        "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
+    }
+    for name in ("PTO_KERNELS_BACKEND", "PTO_KERNELS_STRICT", "GUTENOCR_MODEL_PATH"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pto_patch", *args],
+        capture_output=True, text=True, env=env, cwd=home, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    graphs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return done, graphs
+
+
+@pytest.fixture(scope="module", params=ENV_RELEASES)
+def patched_under_release(request, tmp_path_factory) -> tuple[str, Path, Path]:
+    release = request.param
+    try:
+        env = release_env(release)
+    except EnvUnavailable as exc:
+        pytest.skip(str(exc))
+    home = tmp_path_factory.mktemp(f"graph{release}")
+    folder = home / "tiny"
+    for args in (["make-tiny", str(folder)], ["apply", "--model-path", str(folder), "--json"]):
+        done, _ = cli(env.site, home, args)
+        assert done.returncode == 0, (release, args, done.stdout[-2000:], done.stderr[-2000:])
+    manifest = json.loads((folder / ".pto_patch" / "manifest.json").read_text())
+    assert manifest.get("transformers_release") == release, manifest.get("transformers_release")
+    return release, env.site, folder
+
+
+def report_of(release: str, done: subprocess.CompletedProcess) -> dict:
+    assert done.stdout.strip(), (release, done.stderr[-3000:])
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_graph_decode_captures_once_per_mode_under_each_release(patched_under_release, tmp_path: Path):
+    release, site, folder = patched_under_release
+    done, graphs = cli(
+        site, tmp_path, ["verify", "--model-path", str(folder), "--use_pto", "--use_acl_graph", *FAST]
+    )
+    report = report_of(release, done)
+    assert done.returncode == 0 and report["passed"], (release, report["failures"])
+    assert report["versions"]["transformers"] == release
+    compilation = report["compilation"]
+    assert compilation["backend"] == "torchair" and compilation["cache"] == "static", compilation
+    assert 1 <= len(graphs) <= 2 * 2, (release, graphs)  # both modes: each at most prefill and decode
+    for name in ("baseline", "pto"):
+        mode = compilation["modes"][name]
+        assert mode["graphs"] <= 2 and list(mode["decode_graphs"].values()) == [1], (release, mode)
+        assert mode["timed_graphs"] == 0 and mode["decode_steps"] >= 7, (release, mode)
+    assert report["accuracy"]["token_match_rate"] == 1.0, (release, report["accuracy"])
+
+
+@pytest.mark.slow
+def test_compiled_static_cache_verify_meets_the_same_bound_under_each_release(
+    patched_under_release, tmp_path: Path
+):
+    release, site, folder = patched_under_release
+    done, graphs = cli(
+        site,
+        tmp_path,
+        ["verify", "--model-path", str(folder), "--use_pto", "--use_compile", "--backend", "eager"]
+        + ["--cache", "static", *FAST],
+    )
+    report = report_of(release, done)
+    assert done.returncode == 0 and report["passed"], (release, report["failures"])
+    assert graphs == []  # torchair was never asked
+    for mode in report["compilation"]["modes"].values():
+        assert mode["graphs"] <= 2 and list(mode["decode_graphs"].values()) == [1], (release, mode)
+    assert report["accuracy"]["token_match_rate"] == 1.0, (release, report["accuracy"])
