@@ -109,7 +109,10 @@ model = AutoModelForImageTextToText.from_pretrained(
 ).eval()
 import pto_kernels
 from pto_patch.run import ocr_inputs
+from pto_patch.run.compiling import inductor_workarounds
 
+# what pto-patch sets before compiling with this torch's inductor (torch 2.9's CPU bounds checks)
+result_notes = [note for c in compilers for note in inductor_workarounds(c, "cpu")]
 ids = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
 
 
@@ -404,3 +407,21 @@ def test_an_unknown_compile_backend_is_a_usage_error_before_anything_loads(
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert "--backend 'fused' is not a torch.compile backend here" in lines[0]
     assert "--kernel-backend" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_inductor_bounds_checks_are_turned_off_only_where_torch_miscompiles_them(monkeypatch):
+    """torch 2.9.0's CPU inductor emits a bounds check before its index (a C++ compile error in
+    transformers' mask code): pto-patch turns those checks off there, and nowhere else."""
+    import torch._inductor.config as inductor
+
+    from pto_patch.run.compiling import inductor_workarounds
+
+    monkeypatch.setattr(inductor, "assert_indirect_indexing", True)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert inductor_workarounds("inductor", "cpu") == [] and inductor.assert_indirect_indexing is True
+    monkeypatch.setattr(torch, "__version__", "2.9.0+cu128")
+    assert inductor_workarounds("eager", "cpu") == [] and inductor_workarounds("inductor", "npu") == []
+    assert inductor.assert_indirect_indexing is True
+    (note,) = inductor_workarounds("inductor", "cpu")
+    assert note.startswith("torch 2.9.0+cu128: inductor's index bounds checks are off on the CPU")
+    assert inductor.assert_indirect_indexing is False

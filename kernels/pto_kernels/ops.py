@@ -226,13 +226,16 @@ def loaded_torchair():
 
     On an Ascend host it is torch_npu's lazy proxy (torch_npu/dynamo/__init__.py, `_LazyTorchair`), not a
     module: it raises AttributeError for every attribute until torchair is really imported, and
-    `torch.compile(backend="npu")` imports it only when it compiles. Importing it here (as `import torchair`
-    does, through the proxy's `__spec__`) is what lets the refusal be registered before that.
+    `torch.compile(backend="npu")` imports it only when it compiles. Reading the proxy's `__spec__` loads
+    the real package (as an `import torchair` statement does) and is what lets the refusal be registered
+    before that. `importlib.import_module` alone is not enough: on Python 3.10 it returns whatever
+    sys.modules holds without reading `__spec__` (3.11+ reads it), so the proxy would stay unloaded.
     """
     held = sys.modules.get("torchair")
     if held is None or isinstance(held, types.ModuleType):
         return held
     try:
+        getattr(held, "__spec__", None)  # the read is what loads torchair behind the proxy
         return importlib.import_module("torchair")
     except Exception:  # torchair's import fails in many ways without CANN's graph engine; GE mode fails too
         return None

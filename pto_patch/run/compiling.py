@@ -320,6 +320,30 @@ def cache_kind(options) -> str:
     return graph_decode.STATIC if graph else graph_decode.DYNAMIC
 
 
+# torch 2.9.0's CPU inductor, with dynamic shapes, writes the bounds check of an indexed load before the
+# index it checks in transformers' attention-mask kernel ("'tmp2' was not declared in this scope", a C++
+# compile error; seen on 2.9.0, not on 2.13.0 or 2.14.1; 2.10 - 2.12 untested, so treated as 2.9).
+INDUCTOR_CPU_BOUNDS_CHECK_FIXED = (2, 13)
+
+
+def inductor_workarounds(backend: str | None, device_kind: str) -> list[str]:
+    """Set what this torch's inductor needs to compile a patched model here; one note per setting."""
+    if backend != "inductor" or device_kind != "cpu":
+        return []
+    import torch
+
+    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if release >= INDUCTOR_CPU_BOUNDS_CHECK_FIXED:
+        return []
+    import torch._inductor.config as inductor
+
+    inductor.assert_indirect_indexing = False
+    return [
+        f"torch {torch.__version__}: inductor's index bounds checks are off on the CPU (its C++ code "
+        "checks an index before defining it in transformers' mask kernel; fixed by torch 2.13)"
+    ]
+
+
 def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileSetup | None:
     """Wrap model.forward for a compiled run (None when the run is eager).
 
@@ -333,6 +357,8 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
     import torch
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    device_kind = getattr(getattr(model, "device", None), "type", "cpu")
+    warnings += inductor_workarounds(options.compile_backend, device_kind)
     cache = cache_kind(options)
     graph = options.use_acl_graph or cache == graph_decode.STATIC
     if options.warmup == 0:
