@@ -9,11 +9,11 @@ from pto_patch.errors import EXIT_DRIFTED, DriftError, PtoPatchError
 
 
 def test_brackets_in_messages_and_hints_are_printed_literally(capsys):
-    code = report_error(PtoPatchError("no device [npu:0] here [/x]", "pip install 'pto-patch[ascend]'"))
+    code = report_error(PtoPatchError("no device [npu:0] here [/x]", "pip install 'torch-npu==2.9.0.post2'"))
     stderr = capsys.readouterr().err
     assert code == 1
     assert "no device [npu:0] here [/x]" in stderr
-    assert "pip install 'pto-patch[ascend]'" in stderr
+    assert "pip install 'torch-npu==2.9.0.post2'" in stderr
 
 
 def test_typed_errors_carry_their_exit_code(capsys):

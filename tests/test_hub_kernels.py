@@ -175,11 +175,27 @@ def test_hub_kernels_that_replace_rms_norm_stay_out_unless_asked_for(tmp_path: P
     assert any("fails verify --use_pto" in w for w in report["warnings"]), report["warnings"]
 
 
-def test_hub_kernels_without_a_kernels_package_is_a_usage_error(tmp_path: Path, capsys):
-    """The venv has no `kernels` (the index here has none that transformers 5.x takes): one line, exit 2."""
+def test_hub_kernels_without_a_kernels_package_is_a_usage_error(tmp_path: Path, capsys, monkeypatch):
+    """Without a `kernels` transformers can use (here: none importable, as after `pip install --no-deps`):
+    one line, exit 2."""
+    import importlib.metadata
+
+    from transformers.utils import import_utils
+
     from pto_patch.cli.app import main
     from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+
+    monkeypatch.setitem(sys.modules, "kernels", None)  # `import kernels` fails, as if not installed
+    monkeypatch.setattr(import_utils, "is_kernels_available", lambda *a, **k: False)
+    version = importlib.metadata.version
+
+    def no_kernels(name):
+        if name == "kernels":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_kernels)
 
     make_tiny(tmp_path / "tiny")
     engine.apply_patch(model_path=tmp_path / "tiny")

@@ -33,6 +33,11 @@ def doctor_text(report) -> None:
         f"  CANN {_value(stack['cann'])} (ASCEND_HOME_PATH {_value(stack['ascend_home_path'])}), torchair {_value(stack['torchair'])}"
     )
     out.print(f"  pypto {_value(stack['pypto'])}, runtime: {_value(stack['pypto_runtime'])}")
+    pair = stack.get("torch_npu_pair")
+    if pair and pair["status"] != "no torch_npu":
+        mark = "ok  " if pair["status"] == "published" else "[yellow]WARN[/]"
+        hint = f": {pair['hint']}" if pair["hint"] else ""
+        out.print(f"  {mark} {escape(pair['line'] + hint)}", markup=True, highlight=False)
     found = report.devices
     npus = ", ".join(found["npu"]) or "none"
     cudas = ", ".join(found["cuda"]) or "none"

@@ -29,6 +29,7 @@ from typing import Any
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED, PtoPatchError
 from pto_patch.resources import kernels_dir
 from pto_patch.run import device as devices
+from pto_patch.run.ascend_pairs import check_pair
 
 KERNEL_PACKAGE = "pto_kernels"
 # GutenOCR-3B's text decoder (rootsautomation/GutenOCR-3B config.json)
@@ -149,6 +150,7 @@ def stack(kernels) -> dict[str, Any]:
     found["cann"] = cann_version(Path(home)) if home else None
     # torchair ships inside torch_npu; torch_npu puts a lazy stand-in in sys.modules: look, do not import
     found["torchair"] = "with torch_npu" if found["torch_npu"] else None
+    found["torch_npu_pair"] = check_pair(found["torch"], found["torch_npu"], found["cann"]).to_json()
     found["pypto_runtime"] = _pypto_runtime(kernels)
     return found
 

@@ -1,0 +1,113 @@
+"""Which torch each published torch_npu release runs with, and which CANN releases Ascend lists for it.
+
+On an Ascend host torch is not the user's choice: each torch_npu release requires one exact torch
+(its setup.py pins `torch==X.Y.Z`; torch-npu 2.13.0's wheel metadata says `torch==2.13.0.*`), and
+each pairs with CANN releases installed system-wide. pto-patch therefore installs no torch_npu of its
+own (no `ascend` extra): the user installs the torch_npu that their CANN supports, and `doctor` says
+whether the torch / torch_npu pair it finds is one that torch_npu publishes.
+
+Sources (read 2026-12-03):
+- PUBLISHED: the torch-npu releases on PyPI (`pip index versions torch-npu`); each one's torch is the
+  release its version starts with (`2.9.0.post2` -> torch 2.9.0), as its setup.py / wheel metadata pin.
+- CANN: Ascend/pytorch `docs/zh/release_notes/related_product_version_compatibility_notes.md` (table 1,
+  Ascend Extension for PyTorch 7.3.0): CANN 8.5.0 with 2.6.0.post5, 2.7.1.post2, 2.8.0.post2 and 2.9.0.
+  Releases that table does not list have no CANN entry here (None), not a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PUBLISHED: tuple[str, ...] = (
+    "2.1.0.post8", "2.1.0.post10", "2.1.0.post12", "2.1.0.post13", "2.1.0.post17",
+    "2.3.1.post2", "2.3.1.post4", "2.3.1.post6",
+    "2.4.0", "2.4.0.post2", "2.4.0.post4",
+    "2.5.1", "2.5.1.post1",
+    "2.6.0", "2.6.0.post3", "2.6.0.post5",
+    "2.7.1", "2.7.1.post2", "2.7.1.post4", "2.7.1.post6", "2.7.1.post8", "2.7.1.post10", "2.7.1.post11",
+    "2.8.0", "2.8.0.post2", "2.8.0.post4", "2.8.0.post5",
+    "2.9.0", "2.9.0.post2", "2.9.0.post4", "2.9.0.post6", "2.9.0.post8", "2.9.0.post9", "2.9.1",
+    "2.10.0", "2.10.0.post2", "2.10.0.post4", "2.10.0.post6", "2.10.0.post7",
+    "2.11.0", "2.11.0.post2", "2.11.0.post3",
+    "2.12.0", "2.12.0.post2", "2.12.0.post3",
+    "2.13.0",
+    "2.14.0",
+)  # fmt: skip
+CANN: dict[str, str] = {
+    "2.6.0.post5": "8.5.0",
+    "2.7.1.post2": "8.5.0",
+    "2.8.0.post2": "8.5.0",
+    "2.9.0": "8.5.0",
+}
+SOURCE = "torch-npu releases on PyPI; CANN: Ascend/pytorch related_product_version_compatibility_notes.md"
+
+
+def _base(release: str) -> str | None:
+    """'2.9.0.post2' -> '2.9.0'; '2.9.0+cpu' -> '2.9.0'; None where it is no release number."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", release or "")
+    return ".".join(match.groups()) if match else None
+
+
+def torch_for(torch_npu: str) -> str | None:
+    """The torch release `torch_npu` requires (None when no such torch_npu is published)."""
+    return _base(torch_npu) if torch_npu in PUBLISHED else None
+
+
+def torch_npu_for(torch: str) -> list[str]:
+    """The published torch_npu releases for `torch`, oldest first."""
+    return [release for release in PUBLISHED if _base(release) == _base(torch)]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    status: str  # "published", "mismatch", "unknown torch_npu", "no torch_npu"
+    line: str
+    hint: str | None
+    cann_listed: str | None  # the CANN release Ascend lists for this torch_npu, where its table does
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("published", "no torch_npu")
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "line": self.line, "hint": self.hint, "cann_listed": self.cann_listed}
+
+
+def check_pair(torch: str | None, torch_npu: str | None, cann: str | None = None) -> Pairing:
+    """Whether `torch` with `torch_npu` is a pair torch_npu publishes, in one line, with a hint when not."""
+    if not torch_npu:
+        return Pairing("no torch_npu", "torch_npu is not installed: no NPU pairing to check", None, None)
+    if torch_npu not in PUBLISHED:
+        choices = torch_npu_for(torch or "")
+        return Pairing(
+            "unknown torch_npu",
+            f"torch_npu {torch_npu} is not a release pto-patch's table lists ({len(PUBLISHED)} releases, "
+            f"2.1.0.post8 to {PUBLISHED[-1]})",
+            f"for torch {torch} install one of torch_npu {', '.join(choices)}"
+            if choices
+            else "install a published torch_npu and the torch it requires",
+            None,
+        )
+    wanted = torch_for(torch_npu)
+    listed = CANN.get(torch_npu)
+    cann_note = f"; Ascend lists CANN {listed} for it" if listed else ""
+    found_cann = f", CANN {cann}" if cann else ", no CANN found"
+    if _base(torch) != wanted:
+        choices = torch_npu_for(torch or "")
+        hint = f"install torch=={wanted} (torch_npu {torch_npu} requires it)"
+        if choices:
+            hint += f", or torch_npu {choices[-1]} for torch {torch}, if your CANN supports it"
+        return Pairing(
+            "mismatch",
+            f"torch {torch} with torch_npu {torch_npu}{found_cann}: not a published pair "
+            f"(torch_npu {torch_npu} requires torch {wanted}){cann_note}",
+            hint,
+            listed,
+        )
+    return Pairing(
+        "published",
+        f"torch {torch} with torch_npu {torch_npu}{found_cann}: a published pair{cann_note}",
+        None,
+        listed,
+    )
