@@ -78,7 +78,8 @@ def test_prefill_runs_eagerly_and_every_decode_step_through_the_compiled_forward
     compiled_calls = []
     install(model, lambda *a, **k: compiled_calls.append(a[0].shape) or a[0], static_cache=True)
     first = _steps(model, batch=2, prompt=9, steps=5)
-    assert model.eager_calls == 1 and len(compiled_calls) == 5
+    # the prefill, then one eager decode step before the first compiled call (what a capture needs built)
+    assert model.eager_calls == 2 and len(compiled_calls) == 5
     again = _steps(model, batch=2, prompt=30, steps=5)  # another prompt in the same bucket
     keyword = graph_decode.cache_keyword()
     assert list(first) == [keyword]
@@ -86,9 +87,14 @@ def test_prefill_runs_eagerly_and_every_decode_step_through_the_compiled_forward
     other = _steps(model, batch=1, prompt=9, steps=5)
     assert other[keyword] is not first[keyword]  # each batch size its own cache and capture
     model.forward(torch.ones(1, 3, dtype=torch.long))  # outside a generation: as the model was
-    assert model.eager_calls == 4 and len(compiled_calls) == 15
+    # the same key again: its prefill only; a new batch size: prefill and a warm-up step; then the call outside
+    assert model.eager_calls == 2 + 1 + 2 + 1 and len(compiled_calls) == 15
     decode = graph_decode.installed(model)
     assert decode.prefills == 3 and [call.key for call in decode.calls[-1:]] == ["batch 1, static cache 256"]
+    assert [(c.key, c.primed) for c in decode.captures] == [
+        ("batch 2, static cache 256", True),
+        ("batch 1, static cache 256", True),
+    ]
 
 
 def _decode_step(input_ids, cache=None, past_key_values=None, grow=None):
@@ -206,17 +212,15 @@ def test_a_setting_torchair_rejects_stops_the_run_before_the_folder_is_read(monk
     from pto_patch.run.verification import VerifyOptions, verify_model
 
     _stand_in_torchair(monkeypatch)
-    monkeypatch.setenv("COUNTING_TORCHAIR_WITHOUT", "tiling_schedule_optimize")  # an older release
+    monkeypatch.setenv("COUNTING_TORCHAIR_WITHOUT", "frozen_parameter")  # an older release
     options = VerifyOptions(
         model_path=tmp_path / "no-such-folder", use_acl_graph=True, compile_backend="eager"
     )
     with pytest.raises(PtoPatchError) as raised:
         verify_model(options)
     message = raised.value.message
-    assert message.startswith(
-        "torchair rejects CompilerConfig().experimental_config.tiling_schedule_optimize"
-    )
-    assert "has no option tiling_schedule_optimize" in message and "\n" not in message
+    assert message.startswith("torchair rejects CompilerConfig().experimental_config.frozen_parameter")
+    assert "has no option frozen_parameter" in message and "\n" not in message
     monkeypatch.delenv("COUNTING_TORCHAIR_WITHOUT")
     with pytest.raises(PtoPatchError) as raised:  # every setting accepted: now the folder is what fails
         verify_model(options)
@@ -278,8 +282,16 @@ def test_verify_acl_graph_captures_decode_once_per_mode(
     assert 1 <= len(graphs) <= 2 * 2, graphs
     assert all(g["mode"] == "reduce-overhead" for g in graphs)
     noted = [w for w in report["warnings"] if w.startswith("torchair: ")]  # what torchair warned, passed on
-    assert any("tiling_schedule_optimize" in w for w in noted) and any("npugraph_ex" in w for w in noted)
-    assert all(g["frozen_parameter"] is True and g["tiling_schedule_optimize"] is True for g in graphs)
+    assert any("npugraph_ex" in w for w in noted)  # reduce-overhead's deprecation
+    # tiling_schedule_optimize is left off: torchair lists it as unsupported in reduce-overhead
+    assert not any("tiling_schedule_optimize" in w for w in noted), noted
+    assert all(g["frozen_parameter"] is True and g["tiling_schedule_optimize"] is False for g in graphs)
+    assert "tiling_schedule_optimize is left off" in compilation["acl_graph"]["why"]
+    capture = compilation["modes"]["pto"]["capture"]
+    assert capture["kernels_built_during"] == 0 and capture["fallbacks_during"] == {}
+    (record,) = capture["graphs"]
+    assert record["primed"] is True and record["eager_calls"]
+    assert record["graph_ops"] == record["eager_calls"]  # what the FX graph holds = one eager step's calls
     for name in ("baseline", "pto"):
         mode = compilation["modes"][name]
         assert mode["graphs"] <= 2 and mode["captures"] <= 2, mode
@@ -468,3 +480,92 @@ def test_a_release_whose_static_cache_differs_is_refused_before_the_folder_is_re
     with pytest.raises(PtoPatchError) as raised:
         verify_model(options)
     assert "does not exist" in raised.value.message
+
+
+@pytest.mark.slow
+def test_the_npugraph_ex_branch_captures_once_with_frozen_parameters(
+    patched_tiny: Path, tmp_path: Path, eager_texts
+):
+    """torch-npu 2.13.0 registers npugraph_ex: the branch torch-npu takes, with its options, captured once."""
+    os.environ["COUNTING_TORCHAIR_NPUGRAPH_EX"] = "1"
+    try:
+        code, report, graphs = _run(
+            [
+                "verify",
+                "--model-path",
+                str(patched_tiny),
+                "--use_pto",
+                "--use_acl_graph",
+                "--output_length",
+                "16",
+            ]
+            + QUICK,
+            tmp_path,
+        )
+    finally:
+        del os.environ["COUNTING_TORCHAIR_NPUGRAPH_EX"]
+    assert code == 0 and report["passed"], report["failures"]
+    compilation = report["compilation"]
+    assert compilation["acl_graph"]["kind"] == "npugraph_ex"
+    assert [g["mode"] for g in graphs] == ["npugraph_ex", "npugraph_ex"] and all(
+        g["frozen_parameter"] for g in graphs
+    )
+    for name in ("baseline", "pto"):
+        mode = compilation["modes"][name]
+        assert list(mode["decode_graphs"].values()) == [1] and mode["timed_graphs"] == 0, mode
+    (record,) = compilation["modes"]["pto"]["capture"]["graphs"]
+    assert record["graph_ops"] == record["eager_calls"] and record["fallbacks_during"] == {}
+    assert (report["accuracy"]["baseline_text"], report["accuracy"]["pto_text"]) == eager_texts
+
+
+@pytest.mark.slow
+@pytest.mark.pypto
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_a_pypto_kernel_built_inside_the_capture_fails_and_the_warm_up_prevents_it(
+    patched_tiny: Path, tmp_path: Path, warm_up: bool
+):
+    """The stand-in captures on the first call (as npugraph_ex and reduce-overhead do): a PyPTO kernel not
+    built before it raises CompileDuringCaptureError there and falls back; the eager step before each
+    capture builds it first."""
+    pytest.importorskip("pypto")
+    if not warm_up:
+        os.environ["PTO_PATCH_CAPTURE_WITHOUT_WARMUP"] = "1"
+    try:
+        code, report, _ = _run(
+            ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_acl_graph", "--ops", "rms_norm"]
+            + ["--kernel-backend", "pypto", "--output_length", "4", "--dtype", "fp32", "--warmup", "0"]
+            + ["--iters", "1", "--json"],
+            tmp_path,
+        )
+    finally:
+        os.environ.pop("PTO_PATCH_CAPTURE_WITHOUT_WARMUP", None)
+    capture = report["compilation"]["modes"]["pto"]["capture"]
+    if warm_up:
+        assert code == 0 and report["passed"], report["failures"]
+        assert capture["kernels_built_before"] >= 1 and capture["kernels_built_during"] == 0
+        assert capture["fallbacks_during"] == {}
+        return
+    assert code == 3, report
+    assert capture["kernels_built_before"] == 0 and capture["fallbacks_during"].get("rms_norm", 0) > 0
+    (failure,) = [f for f in report["failures"] if "inside the capture" in f]
+    assert failure.startswith("pto: rms_norm fell back") and "batch 1, static cache 256" in failure
+
+
+def test_a_capture_that_built_or_fell_back_names_the_op_and_the_capture():
+    from pto_patch.run.compiling import capture_failures
+    from pto_patch.run.graph_decode import CaptureRecord
+
+    record = CaptureRecord(
+        key="batch 1, static cache 256", switches="rms_norm=pypto", primed=False, built_before=0,
+        built_during={"mlp_block": 2}, fallbacks_during={"mlp_block": 2, "rms_norm": 5},
+        eager_calls={}, graph_ops=None,
+    )  # fmt: skip
+    failures = capture_failures("pto", [record])
+    assert failures == [
+        "pto: mlp_block built 2 PyPTO kernel(s) inside the capture of batch 1, static cache 256: "
+        "on a device that compile fails and the graph replays the torch fallback",
+        "pto: rms_norm fell back 5 time(s) inside the capture of batch 1, static cache 256: "
+        "the graph replays the torch fallback, not the kernel",
+    ]
+    clean = CaptureRecord("k", "", True, 3, {}, {}, {"rms_norm": 5}, {"rms_norm": 5})
+    assert capture_failures("pto", [clean]) == []

@@ -237,10 +237,9 @@ def capturing(device_type: str) -> bool:
     the NPU's ACL graph): kernels launched now are replayed later without running any Python."""
     import torch
 
-    if device_type == "cpu":
-        return False
     if device_type == "cuda":
         return torch.cuda.is_current_stream_capturing()
+    # torch.npu's stream query; torch.cpu has none (a stand-in capture on the CPU sets one: tests/)
     probe = getattr(getattr(torch, device_type, None), "is_current_stream_capturing", None)
     return bool(probe()) if callable(probe) else False
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pto_patch.cli.compile_render import compilation_text
 from pto_patch.cli.console import err, escape, out, print_json
 
 
@@ -330,7 +331,7 @@ def _verify_text(report) -> None:
     for fix in report.rope_fixes:
         out.print(f"  rope fix: {fix}")
     _other_patchers(report.other_patchers)
-    _compilation(report.compile, report.compilation)
+    compilation_text(report.compile, report.compilation)
     if report.dynamic_config:
         _dynamic_source(report.dynamic_config_source)
         _dynamic_table(report.dynamic_config)
@@ -383,26 +384,6 @@ def _vllm_verify_text(report) -> None:
             f"  greedy tokens: {acc['token_match_rate']:.1%} agree ({'equal' if acc['tokens_equal'] else 'differ'})"
         )
     _verdict(report)
-
-
-def _compilation(description: str | None, compilation) -> None:
-    """How the model was compiled, and per mode what the compiler did (breaks named in the messages)."""
-    if not description:
-        return
-    out.print(f"  compiled: {description}", markup=False)
-    for name, mode in compilation.modes.items() if compilation is not None else ():
-        out.print(
-            f"    {name}: {mode.compiles} compile(s), {mode.graphs} graph(s), "
-            f"{sum(mode.breaks.values())} graph break(s), {len(mode.recompiles)} recompile(s)"
-        )
-        if mode.decode_steps:  # a graph run: decode compiled alone over its cache
-            graphs = ", ".join(f"{key}: {count}" for key, count in mode.decode_graphs.items())
-            captures = "not counted" if mode.captures is None else mode.captures
-            out.print(
-                f"      decode: {mode.decode_steps} step(s); graphs per batch and cache: {graphs}; "
-                f"captures: {captures}; compiled while timed: {mode.timed_graphs}",
-                markup=False,
-            )
 
 
 def _other_patchers(patchers) -> None:
@@ -525,7 +506,7 @@ def _bench_text(result) -> None:
     out.print(f"  peak memory: {result.peak_memory_source}")
     if result.load_info.hub_kernels:
         out.print(f"  hub kernels: {result.load_info.hub_kernels}", markup=False, highlight=False)
-    _compilation(result.compile, result.compilation)
+    compilation_text(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
     for run in result.runs:
         _speed_line(f"batch {run.batch}", run.speed(), run.pto.ops)

@@ -5,8 +5,14 @@ The reference script compiles with torchair's `CompilerConfig`: `experimental_co
 `torch.compile(..., fullgraph=True)`. Where torch_npu registers the `npugraph_ex` backend (torchair
 26.0.0 and later, where "reduce-overhead" is deprecated), that backend is used with
 `options={"frozen_parameter": True}`; it has no tiling_schedule_optimize option. Elsewhere torchair's
-npu backend with `mode = "reduce-overhead"` and both flags. Shapes are fixed (`dynamic=False`): torchair
-documents reduce-overhead without dynamic shapes, and the static cache fixes every decode step's shapes.
+npu backend with `mode = "reduce-overhead"` and frozen_parameter only: torchair lists
+`experimental_config.tiling_schedule_optimize` among the settings reduce-overhead does not support
+(`configs/compiler_config.py`, `unsupport_aclgraphconfig_list`: "may not take effect or report error"),
+so the reference's second flag is left off there. Shapes are fixed (`dynamic=False`): torchair documents
+reduce-overhead without dynamic shapes, and the static cache fixes every decode step's shapes.
+
+Both capture on a graph's first call, with no eager run before (`AclConcreteGraph(...,
+num_warmup_iters=0)`): graph_decode runs one eager step before each capture so every kernel exists.
 
 torchair records its captures per FX graph in `torch._dynamo.utils.counters["npugraph_ex"]`
 (`captured_<graph>`: how many captures that graph holds; torchair `_acl_concrete_graph/acl_graph.py`).
@@ -22,12 +28,14 @@ from pto_patch.errors import PtoPatchError
 
 NPUGRAPH_EX = "npugraph_ex"
 REDUCE_OVERHEAD = "reduce-overhead"
-# (attribute path on CompilerConfig, value): what the reference sets, in the order it sets them.
+# (attribute path on CompilerConfig, value): what the reference sets that reduce-overhead supports, in
+# the order it sets them.
 REFERENCE_SETTINGS = (
     ("mode", REDUCE_OVERHEAD),
     ("experimental_config.frozen_parameter", True),
-    ("experimental_config.tiling_schedule_optimize", True),
 )
+# What the reference also sets and torchair's reduce-overhead lists as unsupported (left off, said so).
+UNSUPPORTED_IN_REDUCE_OVERHEAD = ("experimental_config.tiling_schedule_optimize",)
 NPUGRAPH_EX_OPTIONS = {"frozen_parameter": True}
 SETTING_HINT = (
     "the installed torchair does not accept the reference's ACL graph settings; "
@@ -122,7 +130,8 @@ def acl_graph_backend(torchair) -> AclGraphBackend:
         None,
         REDUCE_OVERHEAD,
         settings={path: value for path, value in REFERENCE_SETTINGS},
-        why="no npugraph_ex backend is registered here, so torchair's npu backend in reduce-overhead mode",
+        why="no npugraph_ex backend is registered here, so torchair's npu backend in reduce-overhead mode; "
+        "the reference's tiling_schedule_optimize is left off (torchair: unsupported in reduce-overhead)",
         notes=notes,
     )
 

@@ -93,6 +93,22 @@ class CompiledMode:
     decode_graphs: Counter = field(default_factory=Counter)  # "batch B, static cache N" -> graphs compiled
     timed_graphs: int = 0  # graphs compiled during timed runs
     captures: int | None = None  # ACL graph captures torchair recorded (None: not counted)
+    capture_records: list = field(default_factory=list)  # graph_decode.CaptureRecord, one per capture key
+
+    def capture_summary(self) -> dict[str, Any]:
+        """Kernels built before and during the captures, fallbacks during them, and each graph's ops."""
+        built_during: Counter = Counter()
+        fallbacks: Counter = Counter()
+        for record in self.capture_records:
+            built_during.update(record.built_during)
+            fallbacks.update(record.fallbacks_during)
+        return {
+            "kernels_built_before": sum(record.built_before for record in self.capture_records),
+            "kernels_built_during": sum(built_during.values()),
+            "built_during": dict(built_during),
+            "fallbacks_during": dict(fallbacks),
+            "graphs": [record.to_json() for record in self.capture_records],
+        }
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -109,6 +125,7 @@ class CompiledMode:
                 "decode_graphs": dict(self.decode_graphs),
                 "timed_graphs": self.timed_graphs,
                 "captures": self.captures,
+                "capture": self.capture_summary(),
             }
         return data
 
@@ -136,7 +153,7 @@ class Compilation:
     def failures_and_warnings(self) -> tuple[list[str], list[str]]:
         failures = [f"PTO mode breaks the compiled graph: {reason}" for reason in self.added_breaks()]
         failures += self.graph_failures()
-        warnings = []
+        warnings = self.graph_warnings()
         base = self.modes.get("baseline")
         if base is not None and base.breaks:
             count = sum(base.breaks.values())
@@ -162,7 +179,25 @@ class Compilation:
                 failures.append(
                     f"{name}: timed runs compiled {mode.timed_graphs} graph(s): the timings hold compiles"
                 )
+            if self.setup.captured:
+                failures += capture_failures(name, mode.capture_records)
         return failures
+
+    def graph_warnings(self) -> list[str]:
+        """A captured graph that holds another number of pto_kernels ops than one eager step calls."""
+        warnings = []
+        for name, mode in self.modes.items():
+            for record in mode.capture_records:
+                if (
+                    record.graph_ops is not None
+                    and record.eager_calls
+                    and record.graph_ops != record.eager_calls
+                ):
+                    warnings.append(
+                        f"{name}: the graph for {record.key} holds pto_kernels ops {record.graph_ops}, "
+                        f"one eager decode step calls {record.eager_calls}"
+                    )
+        return warnings
 
     def to_json(self) -> dict[str, Any]:
         return {**self.setup.to_json(), "modes": {name: mode.to_json() for name, mode in self.modes.items()}}
@@ -170,6 +205,24 @@ class Compilation:
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"\d+")
+
+
+def capture_failures(mode: str, records) -> list[str]:
+    """A capture that built a kernel or fell back: on a device the graph would replay the torch fallback."""
+    failures = []
+    for record in records:
+        for op, count in sorted(record.built_during.items()):
+            failures.append(
+                f"{mode}: {op} built {count} PyPTO kernel(s) inside the capture of {record.key}: "
+                "on a device that compile fails and the graph replays the torch fallback"
+            )
+        for op, count in sorted(record.fallbacks_during.items()):
+            if op not in record.built_during:
+                failures.append(
+                    f"{mode}: {op} fell back {count} time(s) inside the capture of {record.key}: "
+                    "the graph replays the torch fallback, not the kernel"
+                )
+    return failures
 
 
 def per_step_guard(reasons: list[str]) -> str:
@@ -212,6 +265,7 @@ class CompileWatch:
         self._breaks, self._graphs, self._compiles = self._read_counters()
         self._seen = {self._metric_key(metric) for metric in self._metrics()}
         self._decode_seen = len(setup.decode.calls) if setup.decode is not None else 0
+        self._captures_seen = len(setup.decode.captures) if setup.decode is not None else 0
         self._captures = acl_graph.captures()
 
     @staticmethod
@@ -249,6 +303,7 @@ class CompileWatch:
         self._seen.update(self._metric_key(metric) for metric in new)
         if self.setup.decode is not None:
             self._decode_seen = len(self.setup.decode.calls)
+            self._captures_seen = len(self.setup.decode.captures)
         self._captures = acl_graph.captures()
 
     def _close_decode(self, mode: CompiledMode) -> None:
@@ -259,6 +314,7 @@ class CompileWatch:
             mode.decode_steps += 1
             mode.decode_graphs[call.key] += call.graphs
             mode.timed_graphs += call.graphs if call.timed else 0
+        mode.capture_records += decode.captures[self._captures_seen :]
         now = acl_graph.captures()
         if self.setup.backend == TORCHAIR and now is not None:
             mode.captures = (mode.captures or 0) + now - (self._captures or 0)
@@ -383,21 +439,24 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
         else:
             chosen = acl_graph.acl_graph_backend(torchair)
             warnings += [f"torchair: {note}" for note in chosen.notes]
+            graph_ops = graph_decode.GraphOps()
             compiled = _whole(
                 torch.compile(
                     model.forward,
-                    backend=chosen.backend,
-                    options=chosen.options,
+                    backend=graph_ops.backend(chosen.backend, None, chosen.options),
                     fullgraph=True,
                     dynamic=False,
                 )
             )
-            decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels)
+            decode = graph_decode.install(
+                model, compiled, static_cache=static, kernels=kernels, graph_ops=graph_ops
+            )
             return CompileSetup(TORCHAIR, chosen.kind, False, cache, ("decode",), True, chosen, decode)
+    graph_ops = graph_decode.GraphOps()
     compiled = torch.compile(
-        model.forward, backend=options.compile_backend, mode=options.compile_mode, dynamic=False
+        model.forward, backend=graph_ops.backend(options.compile_backend, options.compile_mode), dynamic=False
     )
-    decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels)
+    decode = graph_decode.install(model, compiled, static_cache=static, kernels=kernels, graph_ops=graph_ops)
     on_cuda = getattr(getattr(model, "device", None), "type", None) == "cuda"
     captured = ("decode",) if options.compile_mode in CAPTURING_MODES and on_cuda else ()
     return CompileSetup(options.compile_backend, options.compile_mode, False, cache, captured, decode=decode)

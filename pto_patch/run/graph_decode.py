@@ -19,6 +19,7 @@ cache, the graphs torch compiled during it, whether it was timed) for `CompileWa
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,6 +77,105 @@ def static_cache_length(tokens: int, bucket: int = CACHE_BUCKET) -> int:
 
 
 @dataclass(frozen=True)
+class CaptureRecord:
+    """The first compiled call of one capture key (batch and cache, and the kernel switches on).
+
+    torch_npu's npugraph_ex and torchair's reduce-overhead capture on the first call of a graph, with no
+    eager run before (`AclConcreteGraph(..., num_warmup_iters=0)`): whatever the graph launches must exist
+    by then. So one eager decode step runs first (`primed`), with the same switches and the same static
+    cache (the compiled step then writes the same cache slot again): every kernel it needs is built there.
+    """
+
+    key: str
+    switches: str  # the kernel switches on, e.g. "rms_norm=fused, mrope=fused"
+    primed: bool  # an eager step ran before the capture
+    built_before: int  # PyPTO kernels the eager step built
+    built_during: dict[str, int]  # op -> PyPTO kernels built inside the capture (a real capture: an error)
+    fallbacks_during: dict[str, int]  # op -> calls that fell back inside the capture (what replays run)
+    eager_calls: dict[str, int]  # op -> calls one eager decode step makes
+    graph_ops: dict[str, int] | None  # op -> pto_kernels nodes in the graphs compiled for it (None: not read)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "switches": self.switches,
+            "primed": self.primed,
+            "kernels_built_before": self.built_before,
+            "kernels_built_during": dict(self.built_during),
+            "fallbacks_during": dict(self.fallbacks_during),
+            "eager_calls": dict(self.eager_calls),
+            "graph_ops": None if self.graph_ops is None else dict(self.graph_ops),
+        }
+
+
+class GraphOps:
+    """The pto_kernels custom ops each compiled FX graph holds, read when the backend is handed the graph
+    (replays run no Python: what the graph holds is what runs)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[dict[str, int]] = []
+
+    def backend(self, backend, mode: str | None = None, options: dict | None = None):
+        """`backend` (a name or a callable, with torch.compile's mode and options) as a callable that
+        records each graph's pto_kernels nodes first."""
+        import torch
+
+        if backend == "inductor":
+            inner = torch._TorchCompileInductorWrapper(mode, options, False)
+        elif isinstance(backend, str) or mode or options:
+            inner = torch._TorchCompileWrapper(backend, mode, options, False)
+        else:
+            inner = backend
+
+        def counting(gm, example_inputs, **kwargs):
+            self.graphs.append(pto_kernels_nodes(gm))
+            return inner(gm, example_inputs, **kwargs)
+
+        counting.__name__ = f"counting_{getattr(inner, '__name__', type(inner).__name__)}"
+        return counting
+
+
+def pto_kernels_nodes(gm) -> dict[str, int]:
+    """op name -> calls of a pto_kernels custom op among the FX graph's nodes."""
+    found: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = (
+            getattr(node.target, "__name__", "") if not hasattr(node.target, "name") else node.target.name()
+        )
+        namespace, _, rest = str(name).partition("::")
+        if namespace == "pto_kernels":
+            op = rest.split(".")[0]
+            found[op] = found.get(op, 0) + 1
+    return found
+
+
+def _kernel_counts(kernels) -> dict[str, tuple[int, int, int]]:
+    """op -> (calls, fallbacks, PyPTO kernels built), as the kernel package counts them now."""
+    stats = getattr(kernels, "stats", None)
+    if not callable(stats):
+        return {}
+    return {
+        op: (entry["calls"], entry["fallbacks"], (entry.get("pypto_kernels") or {}).get("built", 0))
+        for op, entry in stats().items()
+    }
+
+
+def _moved(before: dict, after: dict, field: int) -> dict[str, int]:
+    moved = {op: after[op][field] - before.get(op, (0, 0, 0))[field] for op in after}
+    return {op: count for op, count in moved.items() if count > 0}
+
+
+def _switches(kernels) -> str:
+    on = getattr(kernels, "switched_on", None)
+    if not callable(on):
+        return ""
+    chosen = getattr(kernels, "backends", lambda: {})()
+    return ", ".join(f"{op}={chosen.get(op, '?')}" for op in on()) or "none"
+
+
+@dataclass(frozen=True)
 class DecodeCall:
     """One decode step through the compiled forward."""
 
@@ -93,7 +193,15 @@ def _unique_graphs() -> int:
 class GraphDecode:
     """`model.forward` for a graph run: prefill eager, decode through `compiled`."""
 
-    def __init__(self, model, compiled: Callable, *, static_cache: bool):
+    def __init__(
+        self,
+        model,
+        compiled: Callable,
+        *,
+        static_cache: bool,
+        kernels=None,
+        graph_ops: GraphOps | None = None,
+    ):
         self.eager = model.forward
         self.__signature__ = inspect.signature(self.eager)  # generate() checks its kwargs against it
         self.compiled = compiled
@@ -107,6 +215,13 @@ class GraphDecode:
         self._key: str | None = None  # set inside a generation only
         self._step = 0
         self.keyword = cache_keyword()
+        self.kernels = kernels
+        self.graph_ops = graph_ops
+        # an eager step before each capture; PTO_PATCH_CAPTURE_WITHOUT_WARMUP=1 shows what a capture without
+        # it does (a PyPTO kernel first built inside it fails the run)
+        self.prime = os.environ.get("PTO_PATCH_CAPTURE_WITHOUT_WARMUP") != "1"
+        self.captures: list[CaptureRecord] = []
+        self._captured: set[tuple[str, str]] = set()
 
     def reserve(self, new_tokens: int) -> None:
         """Size the caches for generations of up to `new_tokens`, so warm-ups and timed runs share them."""
@@ -149,9 +264,50 @@ class GraphDecode:
         if self._step == 1:
             self.prefills += 1
             return self.eager(*args, **kwargs)
+        switches = _switches(self.kernels)
+        if (self._key, switches) in self._captured:
+            before = _unique_graphs()
+            out = self.compiled(*args, **kwargs)
+            self.calls.append(DecodeCall(self._key, _unique_graphs() - before, self.timing))
+            return out
+        return self._capture(switches, args, kwargs)
+
+    def _capture(self, switches: str, args, kwargs):
+        """The first compiled call for a key and switches: an eager step first, then the capture, counted."""
+        self._captured.add((self._key, switches))
+        start = _kernel_counts(self.kernels)
+        if self.prime:
+            self.eager(
+                *args, **kwargs
+            )  # builds every kernel the step runs; the capture rewrites its cache slot
+        primed = _kernel_counts(self.kernels)
+        seen = len(self.graph_ops.graphs) if self.graph_ops is not None else 0
         before = _unique_graphs()
         out = self.compiled(*args, **kwargs)
         self.calls.append(DecodeCall(self._key, _unique_graphs() - before, self.timing))
+        after = _kernel_counts(self.kernels)
+        graph_ops = None
+        if self.graph_ops is not None and len(self.graph_ops.graphs) > seen:
+            graph_ops = {}
+            entry_op = getattr(
+                getattr(self.kernels, "_dispatch", None), "_ENTRY_OP", {}
+            )  # mrope_mixed -> mrope
+            for graph in self.graph_ops.graphs[seen:]:
+                for entry, count in graph.items():
+                    op = entry_op.get(entry, entry)
+                    graph_ops[op] = graph_ops.get(op, 0) + count
+        self.captures.append(
+            CaptureRecord(
+                key=self._key,
+                switches=switches,
+                primed=self.prime,
+                built_before=sum(_moved(start, primed, 2).values()),
+                built_during=_moved(primed, after, 2),
+                fallbacks_during=_moved(primed, after, 1),
+                eager_calls=_moved(start, primed, 0),
+                graph_ops=graph_ops,
+            )
+        )
         return out
 
 
@@ -161,11 +317,17 @@ def installed(model) -> GraphDecode | None:
     return forward if isinstance(forward, GraphDecode) else None
 
 
-def install(model, compiled: Callable, *, static_cache: bool, kernels=None) -> GraphDecode:
+def install(
+    model, compiled: Callable, *, static_cache: bool, kernels=None, graph_ops: GraphOps | None = None
+) -> GraphDecode:
     """Replace model.forward; each decode step counts once as a replay of the ops captured in it."""
     counting = getattr(kernels, "count_replays", None)  # absent from older kernel packages
     decode = GraphDecode(
-        model, counting(compiled) if callable(counting) else compiled, static_cache=static_cache
+        model,
+        counting(compiled) if callable(counting) else compiled,
+        static_cache=static_cache,
+        kernels=kernels,
+        graph_ops=graph_ops,
     )
     model.forward = decode
     return decode

@@ -132,6 +132,10 @@ def make_module(release: str = "26.1.0") -> types.ModuleType:
             _refuse("npu_rotary_mul", f"rotary_mode {rotary_mode!r}: 'half' or 'interleave'")
         if r1.shape != r2.shape or not _rotary_table_fits(self.shape, r1.shape):
             _refuse("npu_rotary_mul", f"r1/r2 {tuple(r1.shape)} fit no layout of self {tuple(self.shape)}")
+        if self.dim() == 4:  # B and N below 1000 (the op's API doc); N is where the table has a 1
+            heads = self.shape[2] if r1.shape[2] == 1 else self.shape[1]
+            if self.shape[0] >= 1000 or heads >= 1000:
+                _refuse("npu_rotary_mul", f"B = {self.shape[0]}, N = {heads}: both must be below 1000")
         if rotate is not None:
             _refuse("npu_rotary_mul", "rotate is not mirrored here")
         for t in (self, r1, r2):
@@ -180,8 +184,8 @@ def make_module(release: str = "26.1.0") -> types.ModuleType:
                 op,
                 f"mrope_section {section} needs positions ({len(section)}, T) and rotary_dim {2 * sum(section)}",
             )
-        if rotary_mode not in ("half", "interleaved"):
-            _refuse(op, f"rotary_mode {rotary_mode!r}: 'half' or 'interleaved'")
+        if rotary_mode not in ("half", "interleave"):  # the schema's spelling, as npu_rotary_mul's
+            _refuse(op, f"rotary_mode {rotary_mode!r}: 'half' or 'interleave'")
         if cache_mode not in ("default", "interleave") or (cache_mode == "interleave" and section is None):
             _refuse(op, f"cache_mode {cache_mode!r}: 'default', or 'interleave' with an mrope_section")
         if cache_mode == "interleave":

@@ -47,6 +47,13 @@ REFUSED = {
     ),
     "npu_mrope unlisted section": lambda m: m.npu_mrope(*_mrope_args(head=32, section=(4, 6, 6)), mrope_section=[4, 6, 6]),
     "npu_mrope bf16 head 16": lambda m: m.npu_mrope(*_mrope_args(head=16, section=None)),
+    "npu_mrope rotary_mode interleaved": lambda m: m.npu_mrope(*_mrope_args(section=None), rotary_mode="interleaved"),
+    "npu_rotary_mul B 1000": lambda m: m.npu_rotary_mul(
+        torch.randn(1000, 1, 2, 8), torch.randn(1000, 1, 1, 8), torch.randn(1000, 1, 1, 8)
+    ),
+    "npu_rotary_mul N 1000 (BSND)": lambda m: m.npu_rotary_mul(
+        torch.randn(1, 2, 1000, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    ),
     "npu_mrope float positions": lambda m: m.npu_mrope(
         torch.zeros(3), *_mrope_args(section=None)[1:]
     ),
@@ -58,6 +65,15 @@ REFUSED = {
         *(torch.randn(1, 1, 2, 128) for _ in range(4)), layout="BNSD"
     ),
 }  # fmt: skip
+
+
+def test_what_the_real_ops_take_is_taken(npu):
+    """The other side of the refusals above: the schema's own spelling and sizes just inside the limits."""
+    npu.npu_mrope(*_mrope_args(section=None), rotary_mode="interleave")
+    npu.npu_rotary_mul(torch.randn(999, 1, 2, 8), torch.randn(999, 1, 1, 8), torch.randn(999, 1, 1, 8))
+    npu.npu_rotary_mul(
+        torch.randn(1, 1000, 2, 8), torch.randn(1, 1000, 1, 8), torch.randn(1, 1000, 1, 8)
+    )  # S
 
 
 @pytest.mark.parametrize("case", REFUSED)

@@ -70,6 +70,8 @@ def _break(env, tmp_path, what):
     elif what == "home":
         (tmp_path / "home-file").write_text("")
         env["HOME"] = str(tmp_path / "home-file")
+    elif what == "tile lib":  # set, but no headers there: PyPTO asserts, whatever CANN holds
+        env["PTO_TILE_LIB_CODE_PATH"] = str(tmp_path / "pto-isa")
 
 
 @pytest.mark.parametrize(
@@ -82,6 +84,10 @@ def _break(env, tmp_path, what):
         ("aicpu", "aarch64-target-linux-gnu-g++ is missing or not executable: install CANN's toolkit"),
         ("output", "out is not writable (Not a directory): set TILE_FWK_OUTPUT_DIR or PTO_KERNELS_CACHE_DIR"),
         ("home", "ast_data is not writable (Not a directory): make $HOME writable"),
+        (
+            "tile lib",
+            "pto-isa/include/pto (from PTO_TILE_LIB_CODE_PATH) is missing: point PTO_TILE_LIB_CODE_PATH",
+        ),
     ],
 )
 def test_each_missing_piece_is_one_line_with_what_to_do(tmp_path, what, reason):
@@ -249,3 +255,14 @@ def test_the_launch_runs_on_the_tensors_npu_and_puts_the_current_one_back(monkey
     with pytest.raises(ValueError), pypto_device.on_device(_npu(1)):
         raise ValueError("the launch failed")
     assert npu.current_device() == 0  # put back after a failure too
+
+
+def test_pto_isa_headers_are_looked_for_where_pypto_looks_first(tmp_path):
+    """$PTO_TILE_LIB_CODE_PATH/include/pto before CANN's: with it set and there, CANN's may be missing."""
+    env = fake_cann(tmp_path)
+    (Path(env["ASCEND_HOME_PATH"]) / pypto_device.PTO_HEADERS).rmdir()
+    (tmp_path / "pto-isa" / pypto_device.PTO_HEADERS).mkdir(parents=True)
+    env["PTO_TILE_LIB_CODE_PATH"] = str(tmp_path / "pto-isa")
+    found = pypto_device.preflight(env, pypto_imported=False)
+    (headers,) = [c for c in found.checks if c.name == "pto_headers"]
+    assert headers.ok and "from PTO_TILE_LIB_CODE_PATH" in headers.detail, headers

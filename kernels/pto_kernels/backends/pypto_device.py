@@ -41,6 +41,7 @@ SET_ENV_HINT = (
 RUNTIME_REAL, RUNTIME_STUB = "libtile_fwk_runtime.so", "libtile_fwk_runtime_stub.so"
 AICPU_COMPILER = Path("toolkit", "toolchain", "hcc", "bin", "aarch64-target-linux-gnu-g++")
 PTO_HEADERS = Path("include", "pto")
+TILE_LIB_ENV = "PTO_TILE_LIB_CODE_PATH"  # pto-isa's headers, looked at before ASCEND_HOME_PATH's
 BINARY_CACHE_KEY = (
     "pass.enable_binary_cache"  # pypto.config.set_global_config's key (the "global." is its own)
 )
@@ -145,6 +146,29 @@ def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
+def _headers_check(env: Mapping[str, str], home: str) -> Check:
+    """pto-isa's headers where PyPTO looks: `$PTO_TILE_LIB_CODE_PATH/include/pto` first (PyPTO asserts when
+    that variable is set and the folder is missing), else `$ASCEND_HOME_PATH/include/pto` (hicann/pypto
+    `codegen_cloudnpu.cpp`)."""
+    tile_lib = env.get(TILE_LIB_ENV)
+    if tile_lib:
+        headers = Path(tile_lib, PTO_HEADERS)
+        there = headers.is_dir()
+        return Check(
+            "pto_headers",
+            there,
+            f"{headers} (from {TILE_LIB_ENV}) {'is there' if there else 'is missing'}",
+            f"point {TILE_LIB_ENV} at a pto-isa checkout holding include/pto, or unset it to use CANN's",
+        )
+    headers = Path(home, PTO_HEADERS)
+    return Check(
+        "pto_headers",
+        headers.is_dir(),
+        f"{headers} {'is there' if headers.is_dir() else 'is missing'}",
+        "install the CANN toolkit that pypto 0.2 was built for",
+    )
+
+
 def preflight(
     env: Mapping[str, str] = os.environ,
     *,
@@ -186,15 +210,7 @@ def preflight(
                 f"add {Path(home, 'compiler', 'ccec_compiler', 'bin')} to PATH ({SET_ENV_HINT})",
             )
         )
-        headers = Path(home, PTO_HEADERS)
-        checks.append(
-            Check(
-                "pto_headers",
-                headers.is_dir(),
-                f"{headers} {'is there' if headers.is_dir() else 'is missing'}",
-                "install the CANN toolkit that pypto 0.2 was built for",
-            )
-        )
+        checks.append(_headers_check(env, home))
         aicpu = Path(home, AICPU_COMPILER)
         checks.append(
             Check(

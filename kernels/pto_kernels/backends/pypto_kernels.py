@@ -228,15 +228,16 @@ def _device_type(tensor: torch.Tensor) -> str:
 
 def _kernel(key: tuple, device_type: str, build):
     """The compiled kernel for `key`, built by `build()` if not cached. On an NPU: PyPTO's pre-flight
-    checks and settings first (pypto_device.prepare: DeviceNotReadyError with the reason), and no compile
-    inside a device-graph capture (CompileDuringCaptureError: run the model eagerly once first)."""
+    checks and settings first (pypto_device.prepare: DeviceNotReadyError with the reason). On any device,
+    no compile inside a device-graph capture (CompileDuringCaptureError: run the model eagerly once
+    first): the capture would record the torch fallback, and every replay would run it."""
     if device_type == "npu":
         pypto_device.prepare()
-        if key not in KERNELS and pypto_device.capturing(device_type):
-            raise pypto_device.CompileDuringCaptureError(
-                f"pypto kernel {key[0]} is not compiled yet and a device graph is being captured:"
-                " run the model eagerly once before capturing"
-            )
+    if key not in KERNELS and pypto_device.capturing(device_type):
+        raise pypto_device.CompileDuringCaptureError(
+            f"pypto kernel {key[0]} is not compiled yet and a device graph is being captured:"
+            " run the model eagerly once before capturing"
+        )
     return KERNELS.get(key, build)
 
 

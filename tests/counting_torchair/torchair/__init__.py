@@ -10,17 +10,31 @@ Ascend/torchair commit fced884 (2026-06-01):
   `_check_config_support`) that tiling_schedule_optimize may not take effect in reduce-overhead mode, and
   that reduce-overhead is deprecated in favour of the npugraph_ex backend;
 - `python/torchair/_acl_concrete_graph/acl_graph.py`: a reduce-overhead graph captures once per
-  concrete input shapes and records `counters["npugraph_ex"]["captured_<graph>"]`.
-It runs each graph eagerly (there is no device to capture on), and refuses GE mode (max-autotune),
-which needs CANN. `COUNTING_TORCHAIR_LOG` names a file that gets one JSON line per graph handed over;
-`COUNTING_TORCHAIR_WITHOUT` names an experimental option this torchair lacks (an older release).
+  concrete input shapes and records `counters["npugraph_ex"]["captured_<graph>"]`;
+- `python/torchair/npu_fx_compiler.py` and `_acl_concrete_graph/fx2acl_converter.py` (torchair), and torch-npu
+  2.13.0's `torch_npu/dynamo/npugraph_ex/npu_fx_compiler.py`: both build `AclConcreteGraph(...,
+  num_warmup_iters=0)`, so **the first call of each new input-shape key is the capture**, with no eager run
+  before. During it the stand-in answers the stream query as a capturing NPU stream does: the tensors here
+  are on the CPU, so it sets `torch.cpu.is_current_stream_capturing` (torch has none; pto_kernels asks the
+  tensors' device type, as it asks `torch.npu` on an NPU) to return True, and removes it after. A PyPTO
+  kernel that is not built yet then raises CompileDuringCaptureError where the real capture does;
+- torch-npu 2.13.0 registers the `npugraph_ex` torch.compile backend, whose options take `frozen_parameter`
+  (and have no warm-up option): with `COUNTING_TORCHAIR_NPUGRAPH_EX=1` this torchair registers one when it
+  is imported, refusing any other option.
+It refuses GE mode (max-autotune), which needs CANN. Replays rerun the graph's Python outside any capture
+(there is no device stream to replay), so what a capture recorded is read from the counters taken during
+it, not from the replays. `COUNTING_TORCHAIR_LOG` names a file that gets one JSON line per graph handed
+over; `COUNTING_TORCHAIR_WITHOUT` names an experimental option this torchair lacks (an older release).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
+
+import torch
 
 __all__ = ["CompilerConfig", "get_npu_backend"]
 
@@ -113,24 +127,59 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None, custom_dec
         )
 
     def backend(gm, example_inputs):
-        global _graphs
         if settings["mode"] == "max-autotune":
             raise RuntimeError("GE graph mode needs CANN, which this stand-in does not have")
-        from torch._dynamo.utils import counters
-
-        _graphs += 1
-        name = f"graph_{_graphs}"
-        shapes = [list(x.shape) for x in example_inputs if hasattr(x, "shape")]
-        _log({"graph": name, "nodes": len(gm.graph.nodes), "inputs": len(shapes), **settings})
-        captured: set = set()
-
-        def run(*args):
-            key = tuple(tuple(a.shape) for a in args if hasattr(a, "shape"))
-            if key not in captured:
-                captured.add(key)
-                counters["npugraph_ex"]["captured_" + name] = len(captured)
-            return gm(*args)
-
-        return run
+        return _acl_graph(gm, example_inputs, settings)
 
     return backend
+
+
+@contextlib.contextmanager
+def _capturing():
+    """The stream query answering True, as on an NPU stream being captured (see the module docstring)."""
+    torch.cpu.is_current_stream_capturing = lambda: True
+    try:
+        yield
+    finally:
+        del torch.cpu.is_current_stream_capturing
+
+
+def _acl_graph(gm, example_inputs, settings: dict):
+    """An ACL graph: each new input-shape key captured on its first call, then replayed."""
+    global _graphs
+    from torch._dynamo.utils import counters
+
+    _graphs += 1
+    name = f"graph_{_graphs}"
+    shapes = [list(x.shape) for x in example_inputs if hasattr(x, "shape")]
+    _log({"graph": name, "nodes": len(gm.graph.nodes), "inputs": len(shapes), **settings})
+    captured: set = set()
+
+    def run(*args):
+        key = tuple(tuple(a.shape) for a in args if hasattr(a, "shape"))
+        if key in captured:
+            return gm(*args)
+        captured.add(key)
+        counters["npugraph_ex"]["captured_" + name] = len(captured)
+        with _capturing():  # num_warmup_iters=0: this first call is the capture
+            return gm(*args)
+
+    return run
+
+
+NPUGRAPH_EX_OPTIONS = ("frozen_parameter",)
+
+
+def _npugraph_ex(gm, example_inputs, options=None):
+    unknown = sorted(set(options or {}) - set(NPUGRAPH_EX_OPTIONS))
+    if unknown:
+        raise ValueError(f"npugraph_ex has no option {unknown[0]}, all options {list(NPUGRAPH_EX_OPTIONS)}")
+    settings = {"mode": "npugraph_ex", "frozen_parameter": bool((options or {}).get("frozen_parameter"))}
+    return _acl_graph(gm, example_inputs, settings | {"tiling_schedule_optimize": None})
+
+
+if os.environ.get("COUNTING_TORCHAIR_NPUGRAPH_EX") == "1":
+    from torch._dynamo import list_backends, register_backend
+
+    if "npugraph_ex" not in list_backends(exclude_tags=()):
+        register_backend(name="npugraph_ex")(_npugraph_ex)
