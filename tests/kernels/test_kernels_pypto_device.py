@@ -266,3 +266,27 @@ def test_pto_isa_headers_are_looked_for_where_pypto_looks_first(tmp_path):
     found = pypto_device.preflight(env, pypto_imported=False)
     (headers,) = [c for c in found.checks if c.name == "pto_headers"]
     assert headers.ok and "from PTO_TILE_LIB_CODE_PATH" in headers.detail, headers
+
+
+def test_the_interpreter_builds_as_cpp20_where_torchs_headers_need_it(tmp_path, monkeypatch):
+    """torch 2.14's headers refuse C++17, which pypto 0.2's interpreter CMakeLists pins: pto_kernels builds a
+    copy that asks for C++20, beside links to pypto's libraries (found by the copy as `..`)."""
+    lib = tmp_path / "pypto" / "lib"
+    (lib / "calculator").mkdir(parents=True)
+    (lib / "calculator" / "CMakeLists.txt").write_text("project(x)\nset(CMAKE_CXX_STANDARD 17)\n")
+    (lib / "libc_sec.so").write_text("")
+    manager = types.SimpleNamespace(pkg_lib_dir=str(lib))
+    monkeypatch.setattr(pypto_kernels, "torch_headers_need_cxx20", lambda: False)
+    assert pypto_kernels._calculator_source(manager, tmp_path / "build") == lib / "calculator"
+    monkeypatch.setattr(pypto_kernels, "torch_headers_need_cxx20", lambda: True)
+    copy = pypto_kernels._calculator_source(manager, tmp_path / "build")
+    assert copy == tmp_path / "build" / "src" / "calculator"
+    assert "set(CMAKE_CXX_STANDARD 20)" in (copy / "CMakeLists.txt").read_text()
+    assert (copy.parent / "libc_sec.so").resolve() == (lib / "libc_sec.so").resolve()
+    assert (lib / "calculator" / "CMakeLists.txt").read_text().endswith("STANDARD 17)\n")  # pypto's untouched
+    assert pypto_kernels._calculator_source(manager, tmp_path / "build") == copy  # made once
+
+
+def test_torch_2_14s_headers_are_the_ones_that_need_cpp20():
+    release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    assert pypto_kernels.torch_headers_need_cxx20() is (release >= (2, 14))

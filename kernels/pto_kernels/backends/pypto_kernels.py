@@ -20,6 +20,7 @@ import ctypes
 import importlib
 import importlib.metadata
 import os
+import shutil
 import tempfile
 import time
 import weakref
@@ -84,7 +85,7 @@ def _load_calculator() -> None:
             if not library.exists():
                 torch_ctx = manager._TorchContext()
                 cmake_ctx = manager._CMakeContext()
-                ctx = cmake_ctx.CompileContext(src_dir=Path(manager.pkg_lib_dir, "calculator"), tmp_dir=root)
+                ctx = cmake_ctx.CompileContext(src_dir=_calculator_source(manager, root), tmp_dir=root)
                 ctx.cfg_cmd_ext = (
                     f"-DPY3_MOD_TORCH_VERSION={torch_ctx.torch_version}"
                     f" -DPY3_MOD_TORCH_ROOT_PATH={torch_ctx.torch_root_dir}"
@@ -94,6 +95,45 @@ def _load_calculator() -> None:
                 cmake_ctx.compile(ctx)
     ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     manager.calculator_loaded = True
+
+
+def torch_headers_need_cxx20() -> bool:
+    """torch 2.14's C++ headers stop any compile below C++20 (`torch/all.h`: "C++20 or later compatible
+    compiler is required"); pypto 0.2's interpreter sources pin C++17 in their CMakeLists."""
+    header = (
+        Path(torch.__file__).parent / "include" / "torch" / "csrc" / "api" / "include" / "torch" / "all.h"
+    )
+    try:
+        return "C++20 or later" in header.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def _calculator_source(manager, root: Path) -> Path:
+    """pypto's interpreter sources; where torch's headers need C++20, a copy beside the build that asks for
+    C++20 (the copy's parent links to pypto's libraries, which its CMakeLists finds in `..`)."""
+    source = Path(manager.pkg_lib_dir, "calculator")
+    if not torch_headers_need_cxx20():
+        return source
+    done = root / "src"
+    if (done / "calculator").is_dir():
+        return done / "calculator"
+    partial = root / "src.partial"  # renamed whole when ready: a killed copy is never taken for one
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial / "calculator")
+    cmake = partial / "calculator" / "CMakeLists.txt"
+    text = cmake.read_text(encoding="utf-8")
+    if "set(CMAKE_CXX_STANDARD 17)" not in text:
+        raise RuntimeError(f"{cmake} does not pin C++17 as pypto 0.2's does: cannot build it for this torch")
+    cmake.write_text(
+        text.replace("set(CMAKE_CXX_STANDARD 17)", "set(CMAKE_CXX_STANDARD 20)"), encoding="utf-8"
+    )
+    for library in Path(manager.pkg_lib_dir).iterdir():
+        if library.is_file():
+            (partial / library.name).symlink_to(library)
+    shutil.rmtree(done, ignore_errors=True)
+    partial.rename(done)
+    return done / "calculator"
 
 
 def _hand_inputs_to_interpreter(pto_tensors) -> None:
