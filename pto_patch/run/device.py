@@ -87,7 +87,7 @@ def resolve_device(text: str | None) -> DeviceChoice:
         if not npu_available():
             raise PtoPatchError(
                 f"--device {text} asks for an Ascend NPU, but torch_npu is not importable or sees no NPU",
-                "on a host with CANN, install the torch_npu release for your torch and CANN (pto-patch doctor checks the pair); elsewhere pass --device cpu",
+                "on a host with CANN, install the torch_npu release for your torch and CANN (the doctor command checks the pair); elsewhere pass --device cpu",
             )
         import torch
 
