@@ -99,7 +99,7 @@ def test_a_kernel_that_reads_worse_fails_with_exit_3(saved_run, patched_tiny: Pa
 
 def test_saved_answers_round_trip(saved_run, patched_tiny: Path, tmp_path: Path):
     doc, answers = saved_run
-    base = ["verify", "--model-path", str(patched_tiny), "--ocr", "--json"] + FAST
+    base = ["verify", "--model-path", str(patched_tiny), "--ocr", "--json", "--baseline-only"] + FAST
     done = run_cli([*base, "--against-outputs", str(answers)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     again = json_out(done)
@@ -109,6 +109,7 @@ def test_saved_answers_round_trip(saved_run, patched_tiny: Path, tmp_path: Path)
     assert all(r["answer"] == here[(r["page"], r["task"])]["answer"] for r in trusted)
     assert [c["agreement_cer"] for c in again["comparisons"]] == [0.0] * 9
     assert again["against_outputs"]["device"] == "cpu" and not again["warnings"]
+    assert again["compared"] is True and again["passed"] is True  # compared with the trusted run
 
     # Answers scored against another truth are refused before the model loads.
     pages = tmp_path / "pages"
@@ -195,3 +196,24 @@ def test_the_ocr_page_quotes_only_commands_that_parse():
     assert any("--ocr" in args and "--against-outputs" in args for args in found)
     for args in found:
         assert rejected(args) is None, f"`pto-patch {' '.join(args)}` is rejected: {rejected(args)}"
+
+
+def test_ocr_verify_compares_by_default_and_a_baseline_alone_verifies_nothing(
+    patched_tiny: Path, tmp_path: Path
+):
+    """The decision every verify path shares: PTO is compared unless --baseline-only; a baseline alone is
+    no PASSED and no verdict; both flags together are a usage error, before anything loads."""
+    base = ["verify", "--model-path", str(patched_tiny), "--ocr"] + FAST
+    pages = tmp_path / "pages"
+    write_pages([p for p in bundled_pages() if p.name == "prose"], pages)
+    base += ["--pages", str(pages)]
+    done = run_cli([*base, "--json"], tmp_path)
+    doc = json_out(done)
+    assert done.returncode == 0 and doc["compared"] is True and doc["passed"] is True, doc["failures"]
+    assert {r["mode"] for r in doc["readings"]} == {"baseline", "pto"} and doc["comparisons"]
+    alone = run_cli([*base, "--baseline-only"], tmp_path)
+    assert alone.returncode == 0 and "BASELINE ONLY" in alone.stdout and "PASSED" not in alone.stdout
+    alone_doc = json_out(run_cli([*base, "--baseline-only", "--json"], tmp_path))
+    assert alone_doc["passed"] is None and alone_doc["compared"] is False and alone_doc["comparisons"] == []
+    both = run_cli([*base, "--baseline-only", "--use_pto", "--json"], tmp_path)
+    assert both.returncode == EXIT_USAGE and "ask for opposite runs" in json_out(both)["error"]

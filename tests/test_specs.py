@@ -325,3 +325,28 @@ def test_download_fetches_each_specs_repo_into_its_folder_variable(
     assert document["repo_id"] == spec.hub_repo_id and document["complete"] is True
     assert document["folder"] == str((tmp_path / "downloaded").resolve())
     assert read_folder(tmp_path / "downloaded") == read_folder(source)
+
+
+def test_models_prints_a_spec_file_whose_path_looks_like_markup(tmp_path, capsys):
+    """A spec file's path is shown in brackets: it must print as text, not be read as rich markup."""
+    import shutil
+
+    from pto_patch.model.spec import specs_dir
+    from tests.spec_pipeline import run_in_process
+
+    spec = tmp_path / "spec.json"
+    shutil.copy(specs_dir() / "gutenocr_3b.json", spec)
+    assert run_in_process("models", "--model", str(spec)) == 0
+    shown = capsys.readouterr()
+    assert f"[{spec}]" in shown.out and "unexpected error" not in shown.err
+
+
+@pytest.mark.parametrize("typed", ["gutenocr-3b", "GutenOCR-3B", "gutenocr_3B", "qwen3-vl-2b-instruct"])
+def test_a_near_miss_of_a_model_name_gets_the_name_it_meant(typed, capsys):
+    from tests.spec_pipeline import run_in_process
+
+    assert run_in_process("models", "--model", typed) == 2
+    err = capsys.readouterr().err
+    meant = "qwen3_vl_2b_instruct" if typed.startswith("qwen") else "gutenocr_3b"
+    assert f"error: unknown model '{typed}': did you mean {meant}?" in err
+    assert "Traceback" not in err

@@ -458,8 +458,16 @@ def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: P
     out = tmp_path / "GutenOCR-tiny-pto"
     engine.apply_patch(model_path=source, overlay=out)
 
-    # a budget of 1 s is mostly spent by the load; whatever was measured, the tuning is written and recorded
+    # a budget of 1 s is spent by the load: nothing measured is no tuning, and the overlay holds none
     args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "1", *QUICK]
+    done = run_cli(args, tmp_path)
+    doc = json.loads(done.stdout)
+    assert done.returncode == 3 and doc["tuning_file"] is None, doc
+    (failure,) = [f for f in doc["failures"] if "nothing was measured" in f]
+    assert failure.startswith("batch 1: nothing was measured (0 runs of the baseline) within --budget-s 1;")
+    assert not (out / TUNING_PATH).exists()
+    # with a budget that measures, the tuning is written and recorded
+    args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "120", *QUICK]
     done = run_cli(args, tmp_path)
     doc = json.loads(done.stdout)
     assert done.returncode == EXIT_OK, doc

@@ -21,7 +21,9 @@ def _messages(result) -> None:
 
 
 def _verdict(result) -> None:
-    if result.passed:
+    if result.passed and not getattr(result, "compared", True):
+        out.print("[bold yellow]BASELINE ONLY[/]: nothing was compared, so nothing is verified", markup=True)
+    elif result.passed:
         out.print("[bold green]PASSED[/]", markup=True)
     else:
         out.print(f"[bold red]FAILED[/] ({len(result.failures)} check(s)); exit code 3", markup=True)

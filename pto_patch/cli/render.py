@@ -179,7 +179,8 @@ def _models_text(result) -> None:
         spec, shape = entry.spec, entry.to_json()["checkpoint"]
         where = "" if spec.builtin else f"  [{spec.source_path}]"
         out.print(
-            f"[bold]{spec.name}[/]  {spec.family.title}  {spec.hub_repo_id}  (${spec.model_path_env}){where}",
+            f"[bold]{escape(spec.name)}[/]  {escape(spec.family.title)}  {escape(spec.hub_repo_id)}  "
+            f"(${escape(spec.model_path_env)}){escape(where)}",
             highlight=False,
         )
         out.print(f"  {spec.description}", highlight=False)

@@ -252,8 +252,14 @@ def spec_path(name: str) -> Path:
             exit_code=EXIT_USAGE,
         )
     if not path.is_file():
+        folded = name.strip().lower().replace("-", "_").replace(".", "_")
+        near = [known_name for known_name in known.split(", ") if known_name == folded]
+        if not near:
+            import difflib
+
+            near = difflib.get_close_matches(folded, known.split(", "), n=1, cutoff=0.75)
         raise SpecError(
-            f"unknown model '{name}'",
+            f"unknown model '{name}'" + (f": did you mean {near[0]}?" if near else ""),
             f"known models: {known}; or pass the path of a spec .json file",
             exit_code=EXIT_USAGE,
         )

@@ -125,6 +125,7 @@ class OcrVerifyReport(Verdict):
     saved_outputs: str | None = None
     against_outputs: dict[str, Any] | None = None  # the trusted run's device, dtype, versions, file
     options: dict[str, Any] = field(default_factory=dict)
+    compared: bool = False  # baseline and PTO both read the pages and were compared (not --baseline-only)
 
     def modes(self) -> list[str]:
         return list(dict.fromkeys(reading.mode for reading in self.readings))
@@ -134,7 +135,8 @@ class OcrVerifyReport(Verdict):
             "schema_version": SCHEMA_VERSION,
             "command": "verify",
             "ocr": True,
-            "passed": self.passed,
+            "passed": self.stated_verdict,
+            "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -275,7 +277,8 @@ class PageBenchResult(Verdict):
             "schema_version": SCHEMA_VERSION,
             "command": "bench",
             "ocr": True,
-            "passed": self.passed,
+            "passed": self.stated_verdict,
+            "compared": self.compared,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "notes": list(self.notes),

@@ -51,7 +51,7 @@ from pto_patch.run.ocr_scoring import (
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.report import write_report
 from pto_patch.run.start import start_run
-from pto_patch.run.verification import VerifyOptions
+from pto_patch.run.verification import VerifyOptions, compares
 
 READING_CER_MARGIN = 0.05
 MEAN_CER_MARGIN = 0.01
@@ -236,13 +236,14 @@ def _image_processor(folder: Path):
 def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     pages = load_pages(ocr.pages)  # bad pages and a bad saved file are usage errors, before any load
     saved = load_answers(ocr.against_outputs, pages) if ocr.against_outputs is not None else None
-    started = start_run(options, batch=1, use_pto=options.use_pto)
+    use_pto = compares(options)  # verify's own decision: PTO is compared unless --baseline-only
+    started = start_run(options, batch=1, use_pto=use_pto)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     compiled = apply_compile(loaded.model, options, warnings)
     kernels = loaded.kernels
     switched_on: tuple[str, ...] = ()
     kernel_backend = None
-    if options.use_pto:
+    if use_pto:
         lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
         switched_on, table = choose_ops(
             options.ops,
@@ -265,7 +266,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         if stray:
             failures.append(f"kernels ran with every switch off: {stray}")
         kernels.reset_stats()
-    if options.use_pto:
+    if use_pto:
         try:
             set_switches(kernels, switched_on, kernel_backend)
             readings += read_pages(loaded, pages, "pto", options.output_length, processor)
@@ -291,7 +292,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         notes=[RANDOM_WEIGHTS_NOTE if random_weights else TRUTH_NOTE],
         random_weights=random_weights,
         switched_on=list(switched_on),
-        kernel_backend=describe_backend(kernel_backend) if options.use_pto else None,
+        kernel_backend=describe_backend(kernel_backend) if use_pto else None,
         options={**options.to_json(), "pages": None if ocr.pages is None else str(ocr.pages)},
     )
     resized = resized_pages(pages, processor, report.pages)
@@ -301,7 +302,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
             "pixels, so if the model answers in the resized image's pixels its box F1 is too low"
         )
     baseline = [r for r in readings if r.mode == "baseline"]
-    if options.use_pto:
+    if use_pto:
         report.ops = op_reports(stats, switched_on, loaded.text_layers)
         more_failures, more_warnings = op_failures(report.ops, options.strict)
         report.failures += more_failures
@@ -312,7 +313,9 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         if not switched_on:
             report.warnings.append("no op was switched on, so the PTO run equals the baseline")
     else:
-        report.notes.append("baseline only: add --use_pto to compare PTO mode with it")
+        report.notes.append("baseline only (--baseline-only): nothing was compared, so nothing is verified")
+    # compared: PTO with the baseline, or this run with a trusted run's saved answers
+    report.compared = use_pto or saved is not None
     if saved is not None:
         trusted = trusted_readings(saved, pages)
         report.readings += [r for rows in trusted.values() for r in rows]

@@ -73,6 +73,18 @@ def check_counts(warmup: int, iters: int, batch: int, output_length: int) -> Non
             )
 
 
+def compares(use_pto: bool, baseline_only: bool) -> bool:
+    """Whether a verify compares PTO with the baseline: always, unless --baseline-only (a usage error
+    together with --use_pto). Every verify path (text, OCR, vLLM, compiled, graph) decides with this."""
+    if baseline_only and use_pto:
+        raise PtoPatchError(
+            "--baseline-only and --use_pto ask for opposite runs",
+            "drop one: verify compares baseline and PTO by default; --baseline-only runs the baseline alone",
+            exit_code=EXIT_USAGE,
+        )
+    return not baseline_only
+
+
 def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
     """Reject bad option values (usage errors) before any folder, device or model is touched."""
     check_counts(options.warmup, options.iters, batch, options.output_length)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.patching.folder_kernels import module_dir
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
 from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
@@ -23,6 +22,7 @@ from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions
+from pto_patch.run.options import compares as options_compares
 from pto_patch.run.report import VerifyReport
 from pto_patch.run.start import start_run
 
@@ -39,15 +39,8 @@ class VerifyOptions(RunOptions):
 
 
 def compares(options: VerifyOptions) -> bool:
-    """Whether the run compares PTO with the baseline: always, unless --baseline-only (a usage error
-    together with --use_pto)."""
-    if options.baseline_only and options.use_pto:
-        raise PtoPatchError(
-            "--baseline-only and --use_pto ask for opposite runs",
-            "drop one: verify compares baseline and PTO by default; --baseline-only runs the baseline alone",
-            exit_code=EXIT_USAGE,
-        )
-    return not options.baseline_only
+    """Whether the run compares PTO with the baseline (run.options.compares decides, for every path)."""
+    return options_compares(options.use_pto, options.baseline_only)
 
 
 def verify_model(options: VerifyOptions) -> VerifyReport:

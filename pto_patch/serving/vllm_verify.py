@@ -81,13 +81,9 @@ class VllmVerifyOptions:
             )
         names = {f.name for f in fields(cls)}
         chosen = {name: value for name, value in parameters.items() if name in names}
-        if parameters.get("baseline_only") and parameters.get("use_pto"):
-            raise PtoPatchError(
-                "--baseline-only and --use_pto ask for opposite runs",
-                "drop one: verify compares baseline and PTO by default; --baseline-only runs the baseline alone",
-                exit_code=EXIT_USAGE,
-            )
-        chosen["use_pto"] = not parameters.get("baseline_only", False)  # verify compares by default
+        from pto_patch.run.options import compares  # the one decision every verify path makes
+
+        chosen["use_pto"] = compares(bool(parameters.get("use_pto")), bool(parameters.get("baseline_only")))
         return cls(**chosen)
 
     def to_json(self) -> dict[str, Any]:
