@@ -21,7 +21,7 @@ from pto_patch.errors import PtoPatchError
 from pto_patch.run import graph_decode
 from pto_patch.run.compiling import CompileSetup, CompileWatch, per_step_guard
 from pto_patch.run.graph_decode import CACHE_BUCKET, install, static_cache_length
-from tests.spec_pipeline import run_in_fresh_process as run_cli
+from tests.torchair_runs import run_with_torchair
 
 COUNTING_TORCHAIR = Path(__file__).resolve().parent / "counting_torchair"
 REPO = Path(__file__).resolve().parents[1]
@@ -233,24 +233,8 @@ QUICK = ["--dtype", "fp32", "--warmup", "1", "--iters", "1", "--json"]
 
 
 def _run(args: list[str], home: Path, *, torchair: bool = True) -> tuple[int, dict, list[dict]]:
-    log = home / "torchair.jsonl"
-    log.unlink(missing_ok=True)
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "COUNTING_TORCHAIR_LOG")}
-    paths = [str(REPO)] + ([str(COUNTING_TORCHAIR)] if torchair else [])
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [saved["PYTHONPATH"]] if p])
-    os.environ["COUNTING_TORCHAIR_LOG"] = str(log)
-    try:
-        done = run_cli(args, home)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    done, graphs = run_with_torchair(args, home, torchair=torchair)
     assert done.stdout.strip(), done.stderr[-3000:]
-    graphs = (
-        [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
-    )
     return done.returncode, json.loads(done.stdout), graphs
 
 

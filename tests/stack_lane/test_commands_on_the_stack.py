@@ -22,37 +22,20 @@ from pathlib import Path
 import pytest
 
 from tests.folder_snapshot import snapshot
-from tests.spec_pipeline import run_in_fresh_process
+from tests.torchair_runs import run_with_torchair
 
 STACK = os.environ.get("PTO_PATCH_STACK")
 pytestmark = [
     pytest.mark.stack_lane,
     pytest.mark.skipif(not STACK, reason="PTO_PATCH_STACK is not set: run by .ci/stack_lane"),
 ]
-COUNTING_TORCHAIR = Path(__file__).resolve().parents[1] / "counting_torchair"
-REPO = Path(__file__).resolve().parents[2]
 FAST = ["--dtype", "fp32", "--warmup", "1", "--iters", "1", "--json"]
 ALL_OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
 
 
 def run(args: list[str], home: Path, torchair: bool = False):
     """The CLI in a fresh process; with `torchair`, the counting stand-in first on the path."""
-    log = home / "torchair.jsonl"
-    log.unlink(missing_ok=True)
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "COUNTING_TORCHAIR_LOG")}
-    paths = [str(REPO)] + ([str(COUNTING_TORCHAIR)] if torchair else [])
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    os.environ["COUNTING_TORCHAIR_LOG"] = str(log)
-    try:
-        done = run_in_fresh_process(args, home)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    graphs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return done, graphs
+    return run_with_torchair(args, home, torchair=torchair)
 
 
 def document(done) -> dict:
