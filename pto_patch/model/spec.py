@@ -258,8 +258,9 @@ def spec_path(name: str) -> Path:
             import difflib
 
             near = difflib.get_close_matches(folded, known.split(", "), n=1, cutoff=0.75)
+        meant = f": did you mean {near[0]}?" if near else ""
         raise SpecError(
-            f"unknown model '{name}'" + (f": did you mean {near[0]}?" if near else ""),
+            f"unknown model '{name}'{meant}",
             f"known models: {known}; or pass the path of a spec .json file",
             exit_code=EXIT_USAGE,
         )

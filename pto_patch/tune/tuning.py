@@ -342,6 +342,14 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
     }
     if compilation is not None and compilation.graph_failures():
         return result  # timings that hold compiles decide nothing: no tuning is written from them
+    previous = tuning_path(loaded.folder)
+    if previous.exists() and all(entry["decided"] == DECIDED_OUT_OF_TIME for entry in result.batches):
+        # a run that decided nothing says nothing against an earlier tuning: keep that one
+        failures.append(
+            f"the budget ran out before any batch size was decided; kept the earlier tuning {previous} "
+            "(run tune with a larger --budget-s to replace it)"
+        )
+        return result
     unmeasured = [entry["batch"] for entry in result.batches if not entry.get("baseline_runs")]
     if unmeasured:  # a table of nothing decides nothing: no tuning is written from it
         spent = "the load, warm-ups and captures" if compiled is not None else "the load and warm-ups"
@@ -349,14 +357,6 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
             f"batch {', '.join(map(str, unmeasured))}: nothing was measured (0 runs of the baseline) within "
             f"--budget-s {options.budget_s:g}; {spent} used it, so no tuning was written "
             "(run tune with a larger --budget-s)"
-        )
-        return result
-    previous = tuning_path(loaded.folder)
-    if previous.exists() and all(entry["decided"] == DECIDED_OUT_OF_TIME for entry in result.batches):
-        # a run that decided nothing says nothing against an earlier tuning: keep that one
-        failures.append(
-            f"the budget ran out before any batch size was decided; kept the earlier tuning {previous} "
-            "(run tune with a larger --budget-s to replace it)"
         )
         return result
     result.tuning_file = str(write_tuning(loaded.folder, document))
