@@ -84,3 +84,25 @@ def test_a_line_rich_would_change_goes_through_rich(capsys):
         console.print(text)
         assert capsys.readouterr().out == rich_prints(text), text
     assert any(rich_prints(text) != text + "\n" for text in RICH_LINES)
+
+
+def test_piped_tables_are_not_cut_at_80_columns(monkeypatch, capsys):
+    """Output to a pipe or a log gets wide tables (rich would assume 80 columns); $COLUMNS still rules."""
+    from rich.table import Table
+
+    from pto_patch.cli.console import PIPED_WIDTH, _Console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    table = Table()
+    for name in ("op", "backend", "status", "rel err", "max abs", "run ms", "1st ms", "compile s"):
+        table.add_column(name, no_wrap=True)
+    table.add_row(
+        "attention_prologue_mixed", "pypto", "fell back", "3.43e-03", "0.00123", "12.34", "4567.8", "12.5"
+    )
+    piped = _Console(stderr=False)
+    piped.print(table)
+    shown = capsys.readouterr().out
+    assert piped.rich_console.width == PIPED_WIDTH
+    assert "attention_prologue_mixed" in shown and "3.43e-03" in shown and "…" not in shown
+    monkeypatch.setenv("COLUMNS", "60")
+    assert _Console(stderr=False).rich_console.width == 60

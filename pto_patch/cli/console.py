@@ -17,6 +17,7 @@ from typing import Any
 from pto_patch.errors import EXIT_ERROR, EXIT_INTERRUPTED, PtoPatchError
 
 DEBUG_ENV = "PTO_PATCH_DEBUG"
+PIPED_WIDTH = 200  # columns of text output that goes to a pipe or a file
 
 
 class _Console:
@@ -30,7 +31,13 @@ class _Console:
     def rich_console(self):
         from rich.console import Console
 
-        return Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        # Piped or logged, rich would assume 80 columns and cut table cells ("rel err 3.43e-…"); a terminal's
+        # own width, or $COLUMNS, is kept.
+        stream = sys.stderr if self._stderr else sys.stdout
+        piped = not (getattr(stream, "isatty", lambda: False)() or os.environ.get("COLUMNS"))
+        return Console(
+            stderr=self._stderr, highlight=False, soft_wrap=True, width=PIPED_WIDTH if piped else None
+        )
 
     def print(self, *objects: Any, **options: Any) -> None:
         """rich's print; a line rich would print unchanged goes straight out while rich is not yet
