@@ -171,6 +171,6 @@ def run_bench(options: BenchOptions) -> BenchResult:
     directory = place.make()
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
         path = directory / name
-        write_report(result.mode_document(mode), path)
+        write_report(result.mode_document(mode), path, "--output-dir")
         result.files.append(str(path))
     return result

@@ -7,7 +7,6 @@ default `--output_length` is a page's, not a chat reply's.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,27 @@ def _usage(message: str, hint: str) -> PtoPatchError:
     return PtoPatchError(message, hint, exit_code=EXIT_USAGE)
 
 
-def check_writable(path: Path, flag: str) -> None:
-    """Refuse an output path that cannot be written, before a run of many minutes would end on it."""
-    if path.is_dir():
-        raise _usage(f"{flag} {path} is a folder", f"pass a file path for {flag}")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the first folder that exists: the missing ones are created in it
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise _usage(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
+def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
+    """Every file a verify will write (--report-file, --save-outputs, --plot), checked with what it reads
+    (run/user_files.check_target), before anything loads."""
+    from pto_patch.run.user_files import check_target
+
+    inputs = {"--against-outputs": options.against_outputs}
+    written = (
+        ("--report-file", report_file),
+        ("--save-outputs", options.save_outputs),
+        ("--plot", options.plot),
+    )
+    for flag, path in written:
+        if path is not None:
+            check_target(Path(path), flag, inputs)
+    given = [(flag, Path(path)) for flag, path in written if path is not None]
+    for index, (flag, path) in enumerate(given):
+        for other_flag, other in given[index + 1 :]:
+            if path.resolve() == other.resolve():
+                raise _usage(
+                    f"{flag} and {other_flag} name the same file {path}", f"write {other_flag} elsewhere"
+                )
 
 
 def split_ocr_options(
@@ -78,15 +89,14 @@ def split_ocr_options(
             )
         if options.plot is not None and Path(options.plot).suffix.lower() != ".png":
             raise _usage(f"--plot {options.plot} is not a .png file name", "pass a path ending in .png")
-        for flag, path in (("--save-outputs", options.save_outputs), ("--plot", options.plot)):
-            if path is not None:
-                check_writable(Path(path), flag)
         if parameters.get("batch", 1) != 1:
             raise _usage(
                 "verify --ocr reads one page at a time", "drop --batch (bench --ocr takes --batches)"
             )
         if parameters.get("engine", "transformers") != "transformers":
             raise _usage("--ocr runs on the transformers engine only", "drop --engine")
+    # every file the run will write, for every verify path and bench --ocr, before anything loads
+    check_written_files(parameters.get("report_file"), options)
     if parameters.get("output_length") is None:
         parameters["output_length"] = ocr_output_length if options.ocr else plain_output_length
     return options

@@ -52,7 +52,7 @@ def weight_files(folder: Path) -> dict[str, int]:
 
 
 def save_answers(path: Path, header: dict[str, Any], pages: list[Page], readings) -> None:
-    from pto_patch.patching.fileio import atomic_write_bytes
+    from pto_patch.run.user_files import write_user_file
 
     document = {
         "kind": KIND,
@@ -72,12 +72,7 @@ def save_answers(path: Path, header: dict[str, Any], pages: list[Page], readings
         ],
     }
     data = (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
-    try:
-        atomic_write_bytes(Path(path), data, mode=0o644)
-    except OSError as exc:
-        raise PtoPatchError(
-            f"cannot write --save-outputs {path}: {exc.strerror}", "pick a writable path for --save-outputs"
-        ) from exc
+    write_user_file(Path(path), data, "--save-outputs")
 
 
 def _bad(

@@ -225,6 +225,6 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         write_time_plot(result.runs, Path(ocr.plot))
         result.plot = str(ocr.plot)
     path = place.make() / PAGE_BENCH_FILE
-    write_report(result.to_json(), path)
+    write_report(result.to_json(), path, "--output-dir")
     result.files.append(str(path))
     return result

@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from pto_patch.errors import PtoPatchError
-
 PARTS = (("vision", (66, 133, 244)), ("prefill", (251, 188, 5)), ("decode", (52, 168, 83)))
 WIDTH = 1000
 LABEL_WIDTH = 260
@@ -64,13 +62,8 @@ def draw_time_plot(runs):
 
 def write_time_plot(runs, path: Path) -> None:
     """Write the picture as a PNG, atomically (a reader never sees half a file)."""
-    from pto_patch.patching.fileio import atomic_write_bytes
+    from pto_patch.run.user_files import write_user_file
 
     buffer = io.BytesIO()
     draw_time_plot(runs).save(buffer, format="PNG")
-    try:
-        atomic_write_bytes(Path(path), buffer.getvalue(), mode=0o644)
-    except OSError as exc:
-        raise PtoPatchError(
-            f"cannot write --plot {path}: {exc.strerror}", "pick a writable path for --plot"
-        ) from exc
+    write_user_file(Path(path), buffer.getvalue(), "--plot")

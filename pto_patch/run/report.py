@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED, PtoPatchError
+from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED
 
 if TYPE_CHECKING:
     from pto_patch.run.compiling import Compilation
@@ -70,16 +70,12 @@ def json_document(result: Any) -> dict[str, Any]:
     return document(command, body(result))
 
 
-def write_report(document: dict[str, Any], path: Path) -> None:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n"
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise PtoPatchError(
-            f"cannot write the report {path}: {exc.strerror}", "pick a writable path for --report-file"
-        ) from exc
+def write_report(document: dict[str, Any], path: Path, flag: str = "--report-file") -> None:
+    """The JSON report, in one rename (run/user_files): never half a file, never through a device node."""
+    from pto_patch.run.user_files import write_user_file
+
+    text = json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n"
+    write_user_file(Path(path), text.encode("utf-8"), flag)
 
 
 def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
