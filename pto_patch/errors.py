@@ -54,5 +54,11 @@ class DownloadError(PtoPatchError):
     """The checkpoint could not be fetched or is incomplete."""
 
 
+class UsageError(PtoPatchError):
+    """A bad option value or pair of options, refused before anything loads."""
+
+    exit_code = EXIT_USAGE
+
+
 class FolderBusyError(PtoPatchError):
     """Another pto-patch holds the model folder's lock."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.errors import EXIT_USAGE, PtoPatchError, UsageError
 
 # A bundled page's longest answer (LINES, JSON with a box per line) is about 1,000 tokens.
 VERIFY_OUTPUT_LENGTH = 1024
@@ -50,7 +50,7 @@ def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
     for index, (flag, path) in enumerate(given):
         for other_flag, other in given[index + 1 :]:
             if path.resolve() == other.resolve():
-                raise _usage(
+                raise UsageError(
                     f"{flag} and {other_flag} name the same file {path}", f"write {other_flag} elsewhere"
                 )
 

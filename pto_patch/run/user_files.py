@@ -17,11 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
-
-
-def _usage(message: str, hint: str) -> PtoPatchError:
-    return PtoPatchError(message, hint, exit_code=EXIT_USAGE)
+from pto_patch.errors import PtoPatchError, UsageError
 
 
 def _node_kind(path: Path) -> str | None:
@@ -57,12 +53,12 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
     path = Path(path)
     kind = _node_kind(path)
     if kind is not None:
-        raise _usage(
+        raise UsageError(
             f"{flag} {path} is {kind}, not a file pto-patch may write", f"pass a file path for {flag}"
         )
     for input_flag, source in (inputs or {}).items():
         if source is not None and _same_file(path, Path(source)):
-            raise _usage(
+            raise UsageError(
                 f"{flag} {path} is also {input_flag}: the run would replace what it reads",
                 f"write {flag} to another file",
             )
@@ -70,7 +66,7 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
 
     holder = cache_holding(path)
     if holder is not None:
-        raise _usage(
+        raise UsageError(
             f"{flag} {path} is inside the Hugging Face cache ({holder})",
             f"pass {flag} with a path outside it",
         )
@@ -78,7 +74,7 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent  # the first folder that exists: the missing ones are created in it
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise _usage(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
+        raise UsageError(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
 
 
 def write_user_file(path: Path, data: bytes, flag: str) -> None:
