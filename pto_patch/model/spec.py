@@ -252,12 +252,11 @@ def spec_path(name: str) -> Path:
             exit_code=EXIT_USAGE,
         )
     if not path.is_file():
-        folded = name.strip().lower().replace("-", "_").replace(".", "_")
-        near = [known_name for known_name in known.split(", ") if known_name == folded]
-        if not near:
-            import difflib
+        import difflib
 
-            near = difflib.get_close_matches(folded, known.split(", "), n=1, cutoff=0.75)
+        names = list(known_specs())
+        folded = name.strip().lower().replace("-", "_").replace(".", "_")
+        near = [folded] if folded in names else difflib.get_close_matches(folded, names, n=1, cutoff=0.75)
         meant = f": did you mean {near[0]}?" if near else ""
         raise SpecError(
             f"unknown model '{name}'{meant}",

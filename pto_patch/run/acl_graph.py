@@ -131,7 +131,8 @@ def acl_graph_backend(torchair) -> AclGraphBackend:
         REDUCE_OVERHEAD,
         settings={path: value for path, value in REFERENCE_SETTINGS},
         why="no npugraph_ex backend is registered here, so torchair's npu backend in reduce-overhead mode; "
-        "the reference's tiling_schedule_optimize is left off (torchair: unsupported in reduce-overhead)",
+        f"the reference's {', '.join(path.rsplit('.', 1)[-1] for path in UNSUPPORTED_IN_REDUCE_OVERHEAD)} "
+        "is left off (torchair: unsupported in reduce-overhead)",
         notes=notes,
     )
 

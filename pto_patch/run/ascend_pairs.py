@@ -40,7 +40,6 @@ CANN: dict[str, str] = {
     "2.8.0.post2": "8.5.0",
     "2.9.0": "8.5.0",
 }
-SOURCE = "torch-npu releases on PyPI; CANN: Ascend/pytorch related_product_version_compatibility_notes.md"
 
 
 def _base(release: str) -> str | None:

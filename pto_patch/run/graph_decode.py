@@ -141,10 +141,8 @@ def pto_kernels_nodes(gm) -> dict[str, int]:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        name = (
-            getattr(node.target, "__name__", "") if not hasattr(node.target, "name") else node.target.name()
-        )
-        namespace, _, rest = str(name).partition("::")
+        name = node.target.name() if hasattr(node.target, "name") else ""  # OpOverload: "ns::op.overload"
+        namespace, _, rest = name.partition("::")
         if namespace == "pto_kernels":
             op = rest.split(".")[0]
             found[op] = found.get(op, 0) + 1
@@ -276,10 +274,8 @@ class GraphDecode:
         """The first compiled call for a key and switches: an eager step first, then the capture, counted."""
         self._captured.add((self._key, switches))
         start = _kernel_counts(self.kernels)
-        if self.prime:
-            self.eager(
-                *args, **kwargs
-            )  # builds every kernel the step runs; the capture rewrites its cache slot
+        if self.prime:  # builds every kernel the step runs; the capture then rewrites its cache slot
+            self.eager(*args, **kwargs)
         primed = _kernel_counts(self.kernels)
         seen = len(self.graph_ops.graphs) if self.graph_ops is not None else 0
         before = _unique_graphs()
@@ -289,9 +285,8 @@ class GraphDecode:
         graph_ops = None
         if self.graph_ops is not None and len(self.graph_ops.graphs) > seen:
             graph_ops = {}
-            entry_op = getattr(
-                getattr(self.kernels, "_dispatch", None), "_ENTRY_OP", {}
-            )  # mrope_mixed -> mrope
+            # an entry counts under its op (mrope_mixed -> mrope), as the kernel stats do
+            entry_op = getattr(getattr(self.kernels, "_dispatch", None), "_ENTRY_OP", {})
             for graph in self.graph_ops.graphs[seen:]:
                 for entry, count in graph.items():
                     op = entry_op.get(entry, entry)

@@ -35,7 +35,7 @@ def _usage(message: str, hint: str) -> PtoPatchError:
 def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
     """Every file a verify will write (--report-file, --save-outputs, --plot), checked with what it reads
     (run/user_files.check_target), before anything loads."""
-    from pto_patch.run.user_files import check_target
+    from pto_patch.run.user_files import check_target, same_file
 
     inputs = {"--against-outputs": options.against_outputs}
     written = (
@@ -49,7 +49,7 @@ def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
     given = [(flag, Path(path)) for flag, path in written if path is not None]
     for index, (flag, path) in enumerate(given):
         for other_flag, other in given[index + 1 :]:
-            if path.resolve() == other.resolve():
+            if same_file(path, other):
                 raise UsageError(
                     f"{flag} and {other_flag} name the same file {path}", f"write {other_flag} elsewhere"
                 )

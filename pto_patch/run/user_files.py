@@ -41,7 +41,8 @@ def _node_kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links and `..`)."""
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
     except OSError:
@@ -57,7 +58,7 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
             f"{flag} {path} is {kind}, not a file pto-patch may write", f"pass a file path for {flag}"
         )
     for input_flag, source in (inputs or {}).items():
-        if source is not None and _same_file(path, Path(source)):
+        if source is not None and same_file(path, Path(source)):
             raise UsageError(
                 f"{flag} {path} is also {input_flag}: the run would replace what it reads",
                 f"write {flag} to another file",

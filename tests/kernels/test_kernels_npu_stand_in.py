@@ -69,11 +69,13 @@ REFUSED = {
 
 def test_what_the_real_ops_take_is_taken(npu):
     """The other side of the refusals above: the schema's own spelling and sizes just inside the limits."""
-    npu.npu_mrope(*_mrope_args(section=None), rotary_mode="interleave")
-    npu.npu_rotary_mul(torch.randn(999, 1, 2, 8), torch.randn(999, 1, 1, 8), torch.randn(999, 1, 1, 8))
-    npu.npu_rotary_mul(
-        torch.randn(1, 1000, 2, 8), torch.randn(1, 1000, 1, 8), torch.randn(1, 1000, 1, 8)
-    )  # S
+    # each call raises (the stand-in's refusal) where the stand-in refuses what the real op takes
+    q, k = npu.npu_mrope(*_mrope_args(section=None), rotary_mode="interleave")
+    assert q.shape == (3, 4 * 128) and k.shape == (3, 2 * 128)
+    out = npu.npu_rotary_mul(torch.randn(999, 1, 2, 8), torch.randn(999, 1, 1, 8), torch.randn(999, 1, 1, 8))
+    assert out.shape == (999, 1, 2, 8)
+    table = torch.randn(1, 1000, 1, 8)  # S of 1000 is no limit
+    assert npu.npu_rotary_mul(torch.randn(1, 1000, 2, 8), table, table).shape == (1, 1000, 2, 8)
 
 
 @pytest.mark.parametrize("case", REFUSED)

@@ -152,21 +152,13 @@ def _headers_check(env: Mapping[str, str], home: str) -> Check:
     `codegen_cloudnpu.cpp`)."""
     tile_lib = env.get(TILE_LIB_ENV)
     if tile_lib:
-        headers = Path(tile_lib, PTO_HEADERS)
-        there = headers.is_dir()
-        return Check(
-            "pto_headers",
-            there,
-            f"{headers} (from {TILE_LIB_ENV}) {'is there' if there else 'is missing'}",
-            f"point {TILE_LIB_ENV} at a pto-isa checkout holding include/pto, or unset it to use CANN's",
-        )
-    headers = Path(home, PTO_HEADERS)
-    return Check(
-        "pto_headers",
-        headers.is_dir(),
-        f"{headers} {'is there' if headers.is_dir() else 'is missing'}",
-        "install the CANN toolkit that pypto 0.2 was built for",
-    )
+        headers, source = Path(tile_lib, PTO_HEADERS), f" (from {TILE_LIB_ENV})"
+        hint = f"point {TILE_LIB_ENV} at a pto-isa checkout holding include/pto, or unset it to use CANN's"
+    else:
+        headers, source = Path(home, PTO_HEADERS), ""
+        hint = "install the CANN toolkit that pypto 0.2 was built for"
+    there = headers.is_dir()
+    return Check("pto_headers", there, f"{headers}{source} {'is there' if there else 'is missing'}", hint)
 
 
 def preflight(
