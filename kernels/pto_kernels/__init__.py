@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import torch
 
 from . import _dispatch, ops, tuning
-from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
+from ._dispatch import BACKENDS, OPS, UNINJECTED_OPS, KernelFailedError, count_replays, reset_stats, stats
 from .backends import reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
 from .tuning import TuningError, TuningMismatchError
@@ -38,6 +38,8 @@ __all__ = [
     "BLOCK_OPS",
     "OPS",
     "REFERENCE_OPS",
+    "UNINJECTED_OPS",
+    "USE_PTO_ATTENTION_CORE",
     "USE_PTO_ATTENTION_PROLOGUE",
     "USE_PTO_MLP_BLOCK",
     "USE_PTO_MROPE",
@@ -48,6 +50,7 @@ __all__ = [
     "TuningError",
     "TuningMismatchError",
     "apply_tuning",
+    "attention_core_wrapper",
     "attention_prologue_mixed_wrapper",
     "attention_prologue_wrapper",
     "backend",
@@ -73,13 +76,15 @@ USE_PTO_SWIGLU_MLP = False
 USE_PTO_RESIDUAL_RMS_NORM = False
 USE_PTO_MLP_BLOCK = False
 USE_PTO_ATTENTION_PROLOGUE = False
+USE_PTO_ATTENTION_CORE = False
 
 SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
+_ALL_SWITCHES = SWITCHES | {op: f"USE_PTO_{op.upper()}" for op in UNINJECTED_OPS}
 REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags: enable()'s default
 BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
 
 # Per op: "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
-_backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
+_backends: dict[str, str] = dict.fromkeys(OPS + UNINJECTED_OPS, _dispatch.backend_from_env())
 
 
 # True while torch.compile or torch.export traces: the tracer reads it as a constant
@@ -89,7 +94,7 @@ _tracing = torch.compiler.is_compiling
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
     global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
-    global _attention_prologue, _attention_prologue_mixed
+    global _attention_prologue, _attention_prologue_mixed, _attention_core
     routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
@@ -97,6 +102,7 @@ def _bind() -> None:
     _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
     _attention_prologue = routes["attention_prologue"]
     _attention_prologue_mixed = routes["attention_prologue_mixed"]
+    _attention_core = routes["attention_core"]
 
 
 _bind()
@@ -118,10 +124,11 @@ def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
     if ops == "all":
         return OPS
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
-    unknown = [op for op in ops if op not in OPS]
+    unknown = [op for op in ops if op not in OPS + UNINJECTED_OPS]
     if unknown:
         raise ValueError(
-            f"unknown pto_kernels op(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OPS)}"
+            f"unknown pto_kernels op(s) {', '.join(map(repr, unknown))}; choose from"
+            f" {', '.join(OPS + UNINJECTED_OPS)}"
         )
     return ops
 
@@ -129,11 +136,13 @@ def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
 def _requested_backends(backend: str | Mapping[str, str] | None) -> dict[str, str]:
     default = _dispatch.backend_from_env()
     if backend is None:
-        return dict.fromkeys(OPS, default)
+        return dict.fromkeys(OPS + UNINJECTED_OPS, default)
     if isinstance(backend, str):
-        return dict.fromkeys(OPS, _dispatch.check_backend(backend))
+        return dict.fromkeys(OPS + UNINJECTED_OPS, _dispatch.check_backend(backend))
     _check_ops(tuple(backend))
-    return {op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS}
+    return {
+        op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS + UNINJECTED_OPS
+    }
 
 
 def enable(ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str, str] | None = None) -> None:
@@ -150,13 +159,13 @@ def enable(ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str,
     _bind()
     if "torchair" in sys.modules:  # a torchair compile may follow: GE mode must name the op it cannot lower
         _refuse_graph_mode()
-    for op, switch in SWITCHES.items():
+    for op, switch in _ALL_SWITCHES.items():
         globals()[switch] = op in chosen
 
 
 def disable() -> None:
     """Switch every op off: the patched model runs its original code."""
-    for switch in SWITCHES.values():
+    for switch in _ALL_SWITCHES.values():
         globals()[switch] = False
 
 
@@ -178,8 +187,8 @@ def apply_tuning(source, batch_size: int, device=None, dtype=None) -> tuning.Bat
 
 
 def switched_on() -> tuple[str, ...]:
-    """The ops whose switch is on, in OPS order."""
-    return tuple(op for op in OPS if globals()[SWITCHES[op]])
+    """The ops whose switch is on, in OPS order (then UNINJECTED_OPS)."""
+    return tuple(op for op in OPS + UNINJECTED_OPS if globals()[_ALL_SWITCHES[op]])
 
 
 @contextlib.contextmanager
@@ -188,7 +197,7 @@ def enabled(
 ) -> Iterator[None]:
     """enable(ops, backend) for the duration of a with-block, then restore the previous state."""
     global _backends
-    saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backends)
+    saved = ({switch: globals()[switch] for switch in _ALL_SWITCHES.values()}, _backends)
     enable(ops, backend)
     try:
         yield
@@ -290,6 +299,16 @@ def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
     if _tracing():
         return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
     return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)
+
+
+def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
+    """A decode step's attention core over a static KV cache: query [b, q_heads, s, d] (s <= 16 new rows,
+    the last s of each sequence's kv_lens[b] valid positions, causal among themselves), key_cache /
+    value_cache [b, kv_heads, cache_len, d] already holding the new rows, kv_lens [b] integers; softmax in
+    fp32. Returns [b, s, q_heads * d], the input of o_proj (and of mlp_block)."""
+    if _tracing():
+        return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale))
+    return _attention_core(query, key_cache, value_cache, kv_lens, scale)
 
 
 # Modules that moved into backends/ and tiling/, by their old names, for code written before the move

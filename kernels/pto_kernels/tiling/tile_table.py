@@ -43,6 +43,9 @@ class TileConfig:
     # None: cube_k / cube_n
     proj_cube_k: tuple[int, int] | None = None
     proj_cube_n: tuple[int, int] | None = None
+    # attention_core: cache positions per chunk, the unit the context is split into across cores (the
+    # scores matmul's n tiles are cube_n, the P @ V matmul's k tiles down_cube_k); None: no attention
+    kv_chunk: int | None = None
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
@@ -154,6 +157,16 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         cube_n=(128, 256),
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+    # the attention core (pypto_attention.py): decode rows over the static KV cache in 512-position chunks
+    ("attention_core", "decode", None): TileConfig(
+        row_tile=16,
+        norm_rows=8,
+        kv_chunk=512,
+        cube_k=(64, 128),
+        cube_n=(512, 512),
+        down_cube_k=(256, 512),
+        down_cube_n=(128, 128),
     ),
     # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
     # 2048 -> 2048 / 2048 -> 256: 17,995 / 14,714 cycles with k [128, 1024], 32 KiB of L0B; with k
