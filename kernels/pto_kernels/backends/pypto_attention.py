@@ -91,7 +91,7 @@ def _build_attention_core(batch, kv_heads, rows, cache_len, dim, dtype, scale, c
             pypto.set_vec_tile_shapes(vec_rows, 2 * padded)
             ml = pypto.view(ml_buf, [rows, 2 * padded], [row, 0])  # one copy: every chunk's (m, l)
             tops, sums = pypto.view(ml, [rows, chunks], [0, 0]), pypto.view(ml, [rows, chunks], [0, padded])
-            weights = pypto.exp(pypto.sub(tops, pypto.amax(tops, -1, True)))
+            weights = _chunk_weights(tops)
             total = pypto.sum(pypto.mul(weights, sums), -1, True)
             pypto.set_vec_tile_shapes(vec_rows, chunks * dim)
             acc = pypto.view(acc_buf, [rows, chunks * dim], [row, 0])  # one copy: every chunk's A
@@ -124,6 +124,12 @@ def _build_attention_core(batch, kv_heads, rows, cache_len, dim, dtype, scale, c
             merged(out, ml_buf, acc_buf)
 
     return attention_core_kernel
+
+
+def _chunk_weights(tops):
+    """Inside a kernel: each chunk's weight in the merge, exp(m_c - max_c m_c), from the chunks' row maxima."""
+    pypto = _pypto()
+    return pypto.exp(pypto.sub(tops, pypto.amax(tops, -1, True)))
 
 
 class _Constants:
