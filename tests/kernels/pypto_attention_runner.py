@@ -22,7 +22,9 @@ import golden_cases as gc  # noqa: E402
 import torch  # noqa: E402
 from pto_kernels.backends import pypto_attention, pypto_kernels  # noqa: E402
 
-SABOTAGED = "gutenocr-tail1041-batch2-bf16"  # 3 chunks, a sequence shorter than the cache
+SABOTAGED = (
+    "gutenocr-tail2065-batch2-bf16"  # 3 chunks (the last a 17-position tail); one sequence ends in the 2nd
+)
 
 
 def _no_mask():

@@ -2,9 +2,10 @@
 against the float64 loop in golden_cases (not imported from pto_kernels).
 
 One subprocess (pypto_attention_runner.py) runs every case; pypto exits the process on a g++ failure.
-Full width: GutenOCR-3B's 16 q / 2 kv heads of 128 at contexts 1, 17, 1,024 and 1,041 (three chunks of
-512, the last a 17-position tail), batch 2 with lengths that differ, 3 new rows; Qwen2.5-VL-7B's 28 / 4 and
-Qwen3-VL-2B's 16 / 8; a small fp32 case.
+Full width: GutenOCR-3B's 16 q / 2 kv heads of 128 at contexts 1, 17, 1,024 and 2,065 (three chunks of
+1,024, the last a 17-position tail; batch 2, the second sequence 1,100 long, so its third chunk is all
+masked), batch 2 with lengths that differ and 3 new rows; Qwen2.5-VL-7B's 28 / 4 and Qwen3-VL-2B's 16 / 8;
+a small fp32 case.
 """
 
 import importlib.util

@@ -48,13 +48,16 @@ def _tiles(config: TileConfig, chunk: int, dim: int):
     return qk_k, qk_n, pv_k, pv_n
 
 
-def _build_attention_core(batch, kv_heads, rows, cache_len, dim, dtype, scale, config, device_type):
+def _build_attention_core(
+    batch, kv_heads, group, new_rows, cache_len, dim, dtype, scale, config, device_type
+):
     """rows = group x s (a kv head's query rows); q and out [batch*kv_heads*rows, dim], caches
     [batch*kv_heads*cache_len, dim], kv_lens [batch, 1] fp32, row_offsets [rows, 1] fp32 (1 - s + i for
     the row's position i), positions [1, cache_len] fp32 (0, 1, ...); two fp32 scratch tensors hold the
     chunks' partials: (m, l) [.., 2 * padded chunk count] and A [.., chunks * dim]."""
     pypto = _pypto()
     dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    rows = group * new_rows
     chunk = chunk_width(config, cache_len)
     chunks = -(-cache_len // chunk)
     padded = _align(chunks, 8)  # a reduction's last axis: whole 32-byte blocks of fp32
@@ -74,7 +77,9 @@ def _build_attention_core(batch, kv_heads, rows, cache_len, dim, dtype, scale, c
                 pypto.set_cube_tile_shapes(m, qk_k, qk_n)
                 scores = pypto.matmul(qt, kt, fp32, b_trans=True)
                 pypto.set_vec_tile_shapes(vec_rows, chunk)
-                limit = pypto.add(pypto.view(kv_lens, [1, 1], [seq, 0]), row_offsets)  # [rows, 1]
+                limit = pypto.view(kv_lens, [1, 1], [seq, 0])
+                if new_rows > 1:  # each row its own limit, [rows, 1]; one new row: the sequence's length
+                    limit = pypto.add(limit, row_offsets)
                 past = pypto.sub(pypto.view(positions, [1, width], [0, c * chunk]), limit)  # >= 0: masked
                 bias = pypto.mul(pypto.maximum(pypto.add(past, 1.0), 0.0), -MASKED)
                 scores = pypto.add(pypto.mul(scores, scale), bias)
@@ -89,13 +94,13 @@ def _build_attention_core(batch, kv_heads, rows, cache_len, dim, dtype, scale, c
         for head in range(heads):
             row = head * rows
             pypto.set_vec_tile_shapes(vec_rows, 2 * padded)
-            ml = pypto.view(ml_buf, [rows, 2 * padded], [row, 0])  # one copy: every chunk's (m, l)
+            # one copy each (an op reads the whole tile; views of its result are local): (m, l), then A
+            ml = pypto.add(pypto.view(ml_buf, [rows, 2 * padded], [row, 0]), 0.0)
             tops, sums = pypto.view(ml, [rows, chunks], [0, 0]), pypto.view(ml, [rows, chunks], [0, padded])
             weights = _chunk_weights(tops)
             total = pypto.sum(pypto.mul(weights, sums), -1, True)
-            pypto.set_vec_tile_shapes(vec_rows, chunks * dim)
-            acc = pypto.view(acc_buf, [rows, chunks * dim], [row, 0])  # one copy: every chunk's A
-            pypto.set_vec_tile_shapes(vec_rows, dim)
+            pypto.set_vec_tile_shapes(vec_rows, chunks * dim)  # one tile: every chunk's A in one copy
+            acc = pypto.add(pypto.view(acc_buf, [rows, chunks * dim], [row, 0]), 0.0)
             summed = None
             for c in range(chunks):
                 term = pypto.mul(
@@ -177,7 +182,7 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
         key,
         device_type,
         lambda: _build_attention_core(
-            batch, kv_heads, rows, cache_len, dim, dtype, float(scale), config, device_type
+            batch, kv_heads, group, seq, cache_len, dim, dtype, float(scale), config, device_type
         ),
     )
     # [b, h, s, d] -> [b, kv_heads, group * s, d]: a kv head's q heads and positions as one matrix's rows

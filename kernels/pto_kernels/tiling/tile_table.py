@@ -158,14 +158,17 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
-    # the attention core (pypto_attention.py): decode rows over the static KV cache in 512-position chunks
+    # the attention core (pypto_attention.py), 1 row, GutenOCR-3B's heads: 1,024 / 4,096 cached positions
+    # 39,389 / 47,656 cycles (28.9x / 8.7x the K/V bytes' floor: four dependent stages, each waiting
+    # ~5,000-7,500 cycles on the one before); 512-position chunks 40,701 / 55,936, 256 41,753 / 76,283,
+    # 2,048 39,389 / 111,224; scores k [128, 128] x n [256, 1024] 39,067 / 53,095
     ("attention_core", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
-        kv_chunk=512,
+        kv_chunk=1024,
         cube_k=(64, 128),
-        cube_n=(512, 512),
-        down_cube_k=(256, 512),
+        cube_n=(512, 1024),
+        down_cube_k=(256, 1024),
         down_cube_n=(128, 128),
     ),
     # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
