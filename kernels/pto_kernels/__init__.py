@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import torch
 
 from . import _dispatch, ops, tuning
-from ._dispatch import BACKENDS, OPS, UNINJECTED_OPS, KernelFailedError, count_replays, reset_stats, stats
+from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
 from .backends import reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
 from .tuning import TuningError, TuningMismatchError
@@ -38,7 +38,6 @@ __all__ = [
     "BLOCK_OPS",
     "OPS",
     "REFERENCE_OPS",
-    "UNINJECTED_OPS",
     "USE_PTO_ATTENTION_CORE",
     "USE_PTO_ATTENTION_PROLOGUE",
     "USE_PTO_MLP_BLOCK",
@@ -50,6 +49,7 @@ __all__ = [
     "TuningError",
     "TuningMismatchError",
     "apply_tuning",
+    "attention_core_model_wrapper",
     "attention_core_wrapper",
     "attention_prologue_mixed_wrapper",
     "attention_prologue_wrapper",
@@ -79,12 +79,11 @@ USE_PTO_ATTENTION_PROLOGUE = False
 USE_PTO_ATTENTION_CORE = False
 
 SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
-_ALL_SWITCHES = SWITCHES | {op: f"USE_PTO_{op.upper()}" for op in UNINJECTED_OPS}
 REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags: enable()'s default
-BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_core")
 
 # Per op: "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
-_backends: dict[str, str] = dict.fromkeys(OPS + UNINJECTED_OPS, _dispatch.backend_from_env())
+_backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
 
 
 # True while torch.compile or torch.export traces: the tracer reads it as a constant
@@ -94,7 +93,7 @@ _tracing = torch.compiler.is_compiling
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
     global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
-    global _attention_prologue, _attention_prologue_mixed, _attention_core
+    global _attention_prologue, _attention_prologue_mixed, _attention_core, _attention_core_masked
     routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
@@ -102,7 +101,7 @@ def _bind() -> None:
     _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
     _attention_prologue = routes["attention_prologue"]
     _attention_prologue_mixed = routes["attention_prologue_mixed"]
-    _attention_core = routes["attention_core"]
+    _attention_core, _attention_core_masked = routes["attention_core"], routes["attention_core_masked"]
 
 
 _bind()
@@ -124,11 +123,10 @@ def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
     if ops == "all":
         return OPS
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
-    unknown = [op for op in ops if op not in OPS + UNINJECTED_OPS]
+    unknown = [op for op in ops if op not in OPS]
     if unknown:
         raise ValueError(
-            f"unknown pto_kernels op(s) {', '.join(map(repr, unknown))}; choose from"
-            f" {', '.join(OPS + UNINJECTED_OPS)}"
+            f"unknown pto_kernels op(s) {', '.join(map(repr, unknown))}; choose from {', '.join(OPS)}"
         )
     return ops
 
@@ -136,13 +134,11 @@ def _check_ops(ops: Iterable[str] | str) -> tuple[str, ...]:
 def _requested_backends(backend: str | Mapping[str, str] | None) -> dict[str, str]:
     default = _dispatch.backend_from_env()
     if backend is None:
-        return dict.fromkeys(OPS + UNINJECTED_OPS, default)
+        return dict.fromkeys(OPS, default)
     if isinstance(backend, str):
-        return dict.fromkeys(OPS + UNINJECTED_OPS, _dispatch.check_backend(backend))
+        return dict.fromkeys(OPS, _dispatch.check_backend(backend))
     _check_ops(tuple(backend))
-    return {
-        op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS + UNINJECTED_OPS
-    }
+    return {op: _dispatch.check_backend(backend[op]) if op in backend else default for op in OPS}
 
 
 def enable(ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str, str] | None = None) -> None:
@@ -159,13 +155,13 @@ def enable(ops: Iterable[str] | str = REFERENCE_OPS, backend: str | Mapping[str,
     _bind()
     if "torchair" in sys.modules:  # a torchair compile may follow: GE mode must name the op it cannot lower
         _refuse_graph_mode()
-    for op, switch in _ALL_SWITCHES.items():
+    for op, switch in SWITCHES.items():
         globals()[switch] = op in chosen
 
 
 def disable() -> None:
     """Switch every op off: the patched model runs its original code."""
-    for switch in _ALL_SWITCHES.values():
+    for switch in SWITCHES.values():
         globals()[switch] = False
 
 
@@ -187,8 +183,8 @@ def apply_tuning(source, batch_size: int, device=None, dtype=None) -> tuning.Bat
 
 
 def switched_on() -> tuple[str, ...]:
-    """The ops whose switch is on, in OPS order (then UNINJECTED_OPS)."""
-    return tuple(op for op in OPS + UNINJECTED_OPS if globals()[_ALL_SWITCHES[op]])
+    """The ops whose switch is on, in OPS order."""
+    return tuple(op for op in OPS if globals()[SWITCHES[op]])
 
 
 @contextlib.contextmanager
@@ -197,7 +193,7 @@ def enabled(
 ) -> Iterator[None]:
     """enable(ops, backend) for the duration of a with-block, then restore the previous state."""
     global _backends
-    saved = ({switch: globals()[switch] for switch in _ALL_SWITCHES.values()}, _backends)
+    saved = ({switch: globals()[switch] for switch in SWITCHES.values()}, _backends)
     enable(ops, backend)
     try:
         yield
@@ -309,6 +305,16 @@ def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
     if _tracing():
         return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale))
     return _attention_core(query, key_cache, value_cache, kv_lens, scale)
+
+
+def attention_core_model_wrapper(attention, query, key_cache, value_cache, attention_mask):
+    """attention_core_wrapper as a patched attention calls it, in place of its attention function: each
+    sequence's length read from the mask the attention received (decode_lengths.py: once per forward, not
+    per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d]."""
+    scale = float(attention.scaling)
+    if _tracing():
+        return ops.attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
+    return _attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
 
 
 # Modules that moved into backends/ and tiling/, by their old names, for code written before the move

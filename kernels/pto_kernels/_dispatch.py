@@ -10,10 +10,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops as one entry)
-OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
-# Ops with kernels on every backend but no injection point in the model code yet: switched on by name
-# (enable(["attention_core"])), never by "all", absent from the spec's OPS
-UNINJECTED_OPS = ("attention_core",)
+OPS = (
+    "rms_norm",
+    "mrope",
+    "swiglu_mlp",
+    "residual_rms_norm",
+    "mlp_block",
+    "attention_prologue",
+    "attention_core",
+)
 BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 BACKEND_ENV = "PTO_KERNELS_BACKEND"
 STRICT_ENV = "PTO_KERNELS_STRICT"
@@ -43,6 +48,7 @@ _ENTRY_OP = {
     "attention_prologue": "attention_prologue",
     "attention_prologue_mixed": "attention_prologue",
     "attention_core": "attention_core",
+    "attention_core_masked": "attention_core",  # the lengths read from the model's attention mask
 }
 
 
@@ -93,7 +99,7 @@ class OpStats:
         }
 
 
-_STATS: dict[str, OpStats] = {op: OpStats() for op in OPS + UNINJECTED_OPS}
+_STATS: dict[str, OpStats] = {op: OpStats() for op in OPS}
 # kernel entry -> the route bound at enable(): what the wrappers call in eager mode and the custom ops'
 # bodies call under torch.compile (see ops.py)
 ROUTES: dict[str, Callable] = {}
@@ -161,6 +167,7 @@ _DEVICE_ARG = {
     "attention_prologue": 0,
     "attention_prologue_mixed": 0,
     "attention_core": 0,
+    "attention_core_masked": 0,
 }
 
 

@@ -24,6 +24,8 @@ and the decoder-layer blocks, several of a layer's ops in one launch (reference.
 and the attention core between them, over the static KV cache of a decode step:
 
     torch.ops.pto_kernels.attention_core(q, key_cache, value_cache, kv_lens, scale) -> [b, s, heads * d]
+    torch.ops.pto_kernels.attention_core_masked(q, key_cache, value_cache, attention_mask, scale)  # lengths
+                                                                                # from the model's mask
 
 The ops are registered once per process. The body runs the routes of the `pto_kernels` package that is
 in sys.modules when it is called, which is the one the patched modeling code's guards look up too.
@@ -179,6 +181,12 @@ def _attention_core(
     return _run("attention_core", (query, key_cache, value_cache, kv_lens, scale))
 
 
+def _attention_core_masked(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, attention_mask: Tensor | None, scale: float
+) -> Tensor:
+    return _run("attention_core_masked", (query, key_cache, value_cache, attention_mask, scale))
+
+
 # op name -> (body, fake). The fakes are the reference math run on fake tensors while tracing; like the
 # bodies, they return new tensors, never a view of an input.
 _OPS = {
@@ -191,6 +199,7 @@ _OPS = {
     "attention_prologue": (_attention_prologue, reference.attention_prologue),
     "attention_prologue_mixed": (_attention_prologue_mixed, reference.attention_prologue_mixed),
     "attention_core": (_attention_core, reference.attention_core),
+    "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
 
@@ -280,3 +289,4 @@ mlp_block = torch.ops.pto_kernels.mlp_block.default
 attention_prologue = torch.ops.pto_kernels.attention_prologue.default
 attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default
 attention_core = torch.ops.pto_kernels.attention_core.default
+attention_core_masked = torch.ops.pto_kernels.attention_core_masked.default

@@ -377,7 +377,7 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
     interpreter_missing = choice.kind == "cpu" and "pypto" in backends and shutil.which("g++") is None
     cpu, f64 = torch.device("cpu"), torch.float64
     wide = {name: _moved(value, torch, cpu, f64) for name, value in (modules | inputs).items()}
-    for op in kernels.OPS + getattr(kernels, "UNINJECTED_OPS", ()):  # an older kernel package has none
+    for op in kernels.OPS:
         expected = _reference(kernels, op, wide, torch)
         for backend in backends:
             if backend == "pypto" and importlib.util.find_spec("pypto") is None:

@@ -105,6 +105,15 @@ def test_the_op_passes_opcheck(backend):
     op = torch.ops.pto_kernels.attention_core.default
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
     assert fake_layout_mismatches(op, args) == []
+    query, keys, values, kv_lens, scale = args
+    masked = torch.ops.pto_kernels.attention_core_masked.default
+    for mask in (
+        None,
+        _masks(int(kv_lens.min()), keys.shape[2], query.shape[2])[0].expand(keys.shape[0], -1, -1, -1),
+    ):
+        masked_args = (query, keys, values, mask, scale)
+        torch.library.opcheck(masked, masked_args, test_utils=("test_schema", "test_faketensor"))
+        assert fake_layout_mismatches(masked, masked_args) == []
 
 
 @pytest.mark.parametrize(
@@ -166,3 +175,46 @@ def test_npu_refuses_fp32_as_the_op_does(stand_in):
     case = next(c for c in CASES if c["dtype"] == "float32")
     with pytest.raises(RuntimeError, match="float16 or bfloat16"):
         npu.attention_core(*gc.attention_core_inputs(case))
+
+
+def _masks(kv_len: int, cache_len: int, rows: int):
+    """The forms transformers hands an attention: bool (True: visible) and additive float, [1, 1, rows, L]."""
+    visible = torch.arange(cache_len)[None, :] <= (kv_len - rows + torch.arange(rows))[:, None]
+    additive = torch.zeros(rows, cache_len).masked_fill(~visible, torch.finfo(torch.float32).min)
+    return visible[None, None], additive[None, None]
+
+
+def test_lengths_are_read_from_every_mask_form():
+    from pto_kernels import decode_lengths
+
+    keys = torch.zeros(1, 2, 64, 8)
+    for mask in _masks(37, 64, 3):
+        assert decode_lengths.count(mask, keys).tolist() == [37]
+    assert decode_lengths.count(None, keys).tolist() == [64]
+    assert decode_lengths.count(torch.ones(1, 50, dtype=torch.long), keys).tolist() == [
+        50
+    ]  # 2-D padding mask
+
+
+def test_lengths_are_counted_once_per_mask():
+    from pto_kernels.decode_lengths import _Lengths
+
+    lengths, keys = _Lengths(), torch.zeros(1, 2, 64, 8)
+    mask, _ = _masks(20, 64, 1)
+    assert lengths.get(mask, keys).tolist() == [20] and lengths.get(mask, keys).tolist() == [20]
+    assert lengths.builds == 1  # every layer of a forward passes the same mask
+    mask[..., 20] = True  # the next step's mask, changed in place: counted again
+    assert lengths.get(mask, keys).tolist() == [21] and lengths.builds == 2
+
+
+@pytest.mark.parametrize("form", ["bool", "additive"])
+def test_the_model_wrapper_matches_float64_with_the_lengths_of_the_mask(form, monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")
+    case = next(c for c in CASES if c["id"] == "gutenocr-context17-bf16")
+    query, keys, values, kv_lens, scale = gc.attention_core_inputs(case)
+    mask = _masks(int(kv_lens[0]), keys.shape[2], query.shape[2])[form == "additive"]
+    attention = torch.nn.Module()
+    attention.scaling = scale
+    with pto_kernels.enabled(["attention_core"], backend="fused"):
+        out = pto_kernels.attention_core_model_wrapper(attention, query, keys, values, mask)
+    gc.check_close(out, gc.attention_core_expected(query, keys, values, kv_lens, scale), query.dtype)

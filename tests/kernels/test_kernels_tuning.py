@@ -131,9 +131,7 @@ def test_unreadable_file_is_a_tuning_error(tmp_path):
 
 def test_enable_with_a_backend_per_op_checks_names():
     pto_kernels.enable(["rms_norm", "mrope"], backend={"rms_norm": "torch"})
-    assert pto_kernels.backends() == {
-        op: "torch" if op == "rms_norm" else "auto" for op in pto_kernels.OPS + pto_kernels.UNINJECTED_OPS
-    }
+    assert pto_kernels.backends() == {op: "torch" if op == "rms_norm" else "auto" for op in pto_kernels.OPS}
     with pytest.raises(ValueError, match="rmsnorm"):
         pto_kernels.enable(["rms_norm"], backend={"rmsnorm": "torch"})
     with pytest.raises(ValueError, match="cuda"):

@@ -26,6 +26,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .. import decode_lengths
 from . import fused, reference
 
 
@@ -240,3 +241,9 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
         sparse_mode=0,
     )
     return out.transpose(1, 2).reshape(batch, rows, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with the lengths read from the model's attention mask, once per forward."""
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

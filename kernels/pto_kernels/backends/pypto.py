@@ -22,6 +22,7 @@ ENTRIES = {
     "attention_prologue": pypto_blocks,
     "attention_prologue_mixed": pypto_blocks,
     "attention_core": pypto_attention,
+    "attention_core_masked": pypto_attention,
 }
 
 

@@ -21,6 +21,7 @@ the whole static cache, valid or not (pypto 0.2 has no loop whose bound is a ten
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
 import torch
 
+from .. import decode_lengths
 from ..tiling import tile_budget
 from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, tile_config
 from . import reference
@@ -138,7 +139,7 @@ def _chunk_weights(tops):
 
 
 class _Constants:
-    """Per (length, device): the row offsets and position tensors the kernel's mask is made from."""
+    """The kernel's mask inputs: positions per cache length, row offsets per shape, the last lengths."""
 
     def __init__(self) -> None:
         self._held: dict[tuple, torch.Tensor] = {}
@@ -148,6 +149,15 @@ class _Constants:
         if key not in self._held:
             self._held[key] = torch.arange(cache_len, dtype=torch.float32, device=device).reshape(1, -1)
         return self._held[key]
+
+    def lengths(self, kv_lens: torch.Tensor) -> torch.Tensor:
+        """kv_lens as the kernel's [b, 1] fp32, converted once while the same lengths come back (every layer
+        of a forward passes one tensor: decode_lengths)."""
+        key = ("lengths", id(kv_lens), -1 if kv_lens.is_inference() else kv_lens._version, kv_lens.shape)
+        held = self._held.get("lengths")
+        if held is None or held[0] != key:
+            held = self._held["lengths"] = (key, kv_lens, kv_lens.to(torch.float32).reshape(-1, 1))
+        return held[2]
 
     def row_offsets(self, group: int, seq: int, device) -> torch.Tensor:
         key = ("rows", group, seq, str(device))
@@ -189,7 +199,7 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     q = query.contiguous().reshape(batch * kv_heads * rows, dim)
     k = key_cache.to(dtype).contiguous().reshape(-1, dim)
     v = value_cache.to(dtype).contiguous().reshape(-1, dim)
-    lens = kv_lens.to(torch.float32).reshape(batch, 1)
+    lens = CONSTANTS.lengths(kv_lens)
     offsets = CONSTANTS.row_offsets(group, seq, query.device)
     positions = CONSTANTS.positions(cache_len, query.device)
     chunks = -(-cache_len // chunk)
@@ -201,3 +211,9 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     # rows (kv head, q head in group, position) -> [b, s, q_heads * d]
     out = out.reshape(batch, q_heads, seq, dim).transpose(1, 2)
     return out.reshape(batch, seq, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with the lengths read from the model's attention mask, once per forward."""
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

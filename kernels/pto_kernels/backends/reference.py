@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import decode_lengths
+
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     input_dtype = hidden_states.dtype
@@ -271,3 +273,10 @@ def attention_core(
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(weights, values).transpose(1, 2)
     return out.reshape(batch, rows, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with each sequence's length read from the attention mask the model built
+    (decode_lengths.count; uncached: this is also the op's fake, run on fake tensors)."""
+    kv_lens = decode_lengths.count(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)
