@@ -218,3 +218,25 @@ def test_the_model_wrapper_matches_float64_with_the_lengths_of_the_mask(form, mo
     with pto_kernels.enabled(["attention_core"], backend="fused"):
         out = pto_kernels.attention_core_model_wrapper(attention, query, keys, values, mask)
     gc.check_close(out, gc.attention_core_expected(query, keys, values, kv_lens, scale), query.dtype)
+
+
+def test_npu_inside_a_capture_masks_on_the_device_instead_of_reading_lengths_back(stand_in, monkeypatch):
+    """A host int list cannot be made inside a device-graph capture: the lengths go into the mask."""
+    from pto_kernels.backends import pypto_device
+
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch3-lengths-bf16")
+    inputs = gc.attention_core_inputs(case)
+    seen = []
+    real = stand_in.npu_fused_infer_attention_score
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["actual_seq_lengths_kv"], kwargs["atten_mask"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stand_in, "npu_fused_infer_attention_score", spy)
+    monkeypatch.setattr(pypto_device, "capturing", lambda device_type: True)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("a host copy inside a capture"))
+    out = npu.attention_core(*inputs)
+    lengths, mask = seen[0]
+    assert lengths is None and mask is not None and mask.dtype == torch.bool
+    gc.check_close(out, gc.attention_core_expected(*inputs), inputs[0].dtype, "npu, captured")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import decode_lengths
-from . import fused, reference
+from . import fused, pypto_device, reference
 
 
 def _torch_npu():
@@ -219,14 +219,16 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     in its BNSD layout: query [b, q_heads, s, d] and the caches [b, kv_heads, cache_len, d] as they are
     (contiguous: the op takes no strided input), GQA by num_key_value_heads, the valid lengths as
     actual_seq_lengths_kv. Its schema takes those as a host int list (SymInt[]), so kv_lens is read back
-    to the host here: one device-to-host copy a call, which a device graph cannot capture. With more than
-    one new row, a bool mask [b, 1, s, cache_len] (True: masked) keeps them causal (sparse_mode 0); one
-    row needs none. fp16 / bf16 only, as the op."""
+    to the host here: one device-to-host copy a call. With more than one new row, a bool mask
+    [b, 1, s, cache_len] (True: masked) keeps them causal (sparse_mode 0); one row needs none. Inside a
+    device-graph capture no host copy can run: the lengths then go into the mask too, made on the device,
+    and the op gets no length list. fp16 / bf16 only, as the op."""
     reference.check_attention_core(query, key_cache, value_cache, kv_lens)
     batch, q_heads, rows, dim = query.shape
-    lengths = [int(n) for n in kv_lens.tolist()]
+    capturing = pypto_device.capturing(query.device.type)
+    lengths = None if capturing else [int(n) for n in kv_lens.tolist()]
     mask = None
-    if rows > 1:
+    if rows > 1 or capturing:
         mask = ~reference.decode_positions_allowed(kv_lens, rows, key_cache.shape[2])[:, None]
     out, _ = _torch_npu().npu_fused_infer_attention_score(
         query.contiguous(),
