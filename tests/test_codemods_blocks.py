@@ -291,8 +291,12 @@ def test_rewritten_layer_runs_the_switched_on_blocks_and_matches_the_original(ct
     }
 
 
-@pytest.mark.parametrize("batch, runs", [(1, True), (2, False)])
-def test_the_attention_core_replaces_the_attention_function_for_one_sequence(ctx, batch, runs, monkeypatch):
+@pytest.mark.parametrize(
+    "batch, window, runs", [(1, None, True), (2, None, False), (1, 4, False)], ids=["one", "batch", "window"]
+)
+def test_the_attention_core_replaces_the_attention_function_for_one_sequence(
+    ctx, batch, window, runs, monkeypatch
+):
     original = _load(DECODER, "small_original_core")
     patched = _load(inject_blocks(DECODER, ctx), "small_patched_core")
     kernels = _stand_in_kernels()
@@ -301,6 +305,7 @@ def test_the_attention_core_replaces_the_attention_function_for_one_sequence(ctx
     torch.manual_seed(0)
     layer, patched_layer = original.Qwen2_5_VLDecoderLayer(), patched.Qwen2_5_VLDecoderLayer()
     patched_layer.load_state_dict(layer.state_dict())
+    patched_layer.self_attn.sliding_window = window  # a sliding-window layer keeps the model's attention
     x, angles = torch.randn(batch, 1, 32), torch.randn(3, batch, 1, 4).repeat(1, 1, 1, 2)
     with torch.no_grad():
         expected = layer(x, position_embeddings=(angles.cos(), angles.sin()))
@@ -320,7 +325,8 @@ def test_attention_core_before_and_after(ctx):
     assert 'pto_attention_core = kwargs.pop("pto_attention_core", False)' in attention
     run_block = " ".join(attention[attention.index("if pto_attention_core") :].split())
     assert run_block.startswith(
-        "if pto_attention_core and query_states.shape[0] == 1 and query_states.shape[2] <= 16: "
+        "if pto_attention_core and query_states.shape[0] == 1 and query_states.shape[2] <= 16 "
+        'and not getattr(self, "sliding_window", None): '
         'attn_output = sys.modules["pto_kernels"].attention_core_model_wrapper(self, query_states, key_states, '
         "value_states, attention_mask) attn_weights = None else: attn_output, attn_weights = attention_interface("
     )
