@@ -6,8 +6,9 @@ Usage: python pypto_attention_runner.py OUT.pt
 Every golden `pypto_cases` case calls the kernel's entry directly (no dispatch: no torch fallback can stand
 in for it) on NaN-poisoned outputs; one more goes through the wrapper with backend "pypto", strict. Two
 sabotaged builds break the kernel itself, and the test expects them to fail its check: the mask switched
-off (MASKED = 0: every position of the static cache seen), and the merge's per-chunk weights set to 1
-(every chunk's partial sums taken as if its row maximum were the global one).
+off (MASKED = 0: every position of the static cache seen; on a cache of several chunks and on one of a
+single chunk, which has no merge), and the merge's per-chunk weights set to 1 (every chunk's partial sums
+taken as if its row maximum were the global one).
 """
 
 import os
@@ -22,9 +23,8 @@ import golden_cases as gc  # noqa: E402
 import torch  # noqa: E402
 from pto_kernels.backends import pypto_attention, pypto_kernels  # noqa: E402
 
-SABOTAGED = (
-    "gutenocr-tail2065-batch2-bf16"  # 3 chunks (the last a 17-position tail); one sequence ends in the 2nd
-)
+MERGED = "gutenocr-tail2065-batch2-bf16"  # 3 chunks, the last a 17-position tail; a sequence ends in the 2nd
+ONE_CHUNK = "gutenocr-3rows-lengths-bf16"  # a 256-position cache, a sequence 5 long: no merge stage
 
 
 def _no_mask():
@@ -43,7 +43,8 @@ def _no_merge_weights():
     return lambda: setattr(pypto_attention, "_chunk_weights", right)
 
 
-SABOTAGE = {"no-mask": _no_mask, "no-merge-weights": _no_merge_weights}
+# sabotage -> (how, the cases it breaks)
+SABOTAGE = {"no-mask": (_no_mask, (MERGED, ONE_CHUNK)), "no-merge-weights": (_no_merge_weights, (MERGED,))}
 
 
 def main(out_path: str) -> None:
@@ -62,17 +63,18 @@ def main(out_path: str) -> None:
             "output": pypto_attention.attention_core(*gc.attention_core_inputs(first)),
         }
         kernel_stats = pypto_kernels.kernel_stats()  # every case its own shape, then one repeated
-        for name, sabotage in SABOTAGE.items():
+        for name, (sabotage, broken) in SABOTAGE.items():
             restore = sabotage()
             pypto_kernels.KERNELS.clear()  # the kernel is built again, sabotaged
-            inputs = gc.attention_core_inputs(cases[SABOTAGED])
-            results[f"sabotaged/{name}"] = {
-                "case": cases[SABOTAGED],
-                "output": pypto_attention.attention_core(*inputs),
-            }
+            for case_id in broken:
+                inputs = gc.attention_core_inputs(cases[case_id])
+                results[f"sabotaged/{name}/{case_id}"] = {
+                    "case": cases[case_id],
+                    "output": pypto_attention.attention_core(*inputs),
+                }
             restore()
             pypto_kernels.KERNELS.clear()
-        results |= dispatched(cases["gutenocr-3rows-lengths-bf16"])
+        results |= dispatched(cases[ONE_CHUNK])
     torch.save({"results": results, "seconds": seconds, "stats": kernel_stats}, out_path)
 
 

@@ -9,7 +9,9 @@ repeat_kv) and the s new positions are one matmul's rows, M = group x s, so each
 for the whole group. Per (sequence, kv head, chunk), one task each stage: S = Q K^T (fp32), masked and
 scaled; m = rowmax(S), P = exp(S - m), l = rowsum(P); A = P @ V (P rounded to the activations' dtype, as
 flash attention does). Then per (sequence, kv head): m* = max_c m_c, w_c = exp(m_c - m*),
-out = sum_c w_c A_c / sum_c w_c l_c. The softmax is fp32 throughout.
+out = sum_c w_c A_c / sum_c w_c l_c. The softmax is fp32 throughout. A cache of one chunk (up to the
+table's kv_chunk positions) needs no merge: its P is normalised in the softmax task and its P @ V is the
+output, three stages instead of four.
 
 The mask is made in the kernel from kv_lens: row i of sequence b sees positions < kv_lens[b] - s + i + 1
 (the new rows are the last s valid positions, causal among themselves). Masked scores get -1e30 times how
@@ -67,7 +69,7 @@ def _build_attention_core(
     vec_rows = min(rows, config.norm_rows or rows)
     heads = batch * kv_heads
 
-    def chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf):
+    def chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf, out):
         for head in range(heads):
             row, seq = head * rows, head // kv_heads
             for c in range(chunks):
@@ -86,6 +88,11 @@ def _build_attention_core(
                 scores = pypto.add(pypto.mul(scores, scale), bias)
                 top = pypto.amax(scores, -1, True)
                 p = pypto.exp(pypto.sub(scores, top))
+                if chunks == 1:  # the whole cache in one chunk: P normalised here, P @ V is the output
+                    p = pypto.div(p, pypto.sum(p, -1, True))
+                    pypto.set_cube_tile_shapes(m, pv_k, pv_n)
+                    pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, dt), [row, 0], out)
+                    continue
                 pypto.assemble(top, [row, c], ml_buf)
                 pypto.assemble(pypto.sum(p, -1, True), [row, padded + c], ml_buf)
                 pypto.set_cube_tile_shapes(m, pv_k, pv_n)
@@ -125,9 +132,10 @@ def _build_attention_core(
         pypto.set_vec_tile_shapes(vec_rows, chunk)
         # two stages, each its own function: a scratch tensor written and read in one would be a cycle
         for _ in pypto.loop(1):
-            chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf)
-        for _ in pypto.loop(1):
-            merged(out, ml_buf, acc_buf)
+            chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf, out)
+        if chunks > 1:
+            for _ in pypto.loop(1):
+                merged(out, ml_buf, acc_buf)
 
     return attention_core_kernel
 

@@ -167,9 +167,10 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
     # the attention core (pypto_attention.py), 1 row, GutenOCR-3B's heads: 1,024 / 4,096 cached positions
-    # 39,389 / 47,656 cycles (28.9x / 8.7x the K/V bytes' floor: four dependent stages, each waiting
-    # ~5,000-7,500 cycles on the one before); 512-position chunks 40,701 / 55,936, 256 41,753 / 76,283,
-    # 2,048 39,389 / 111,224; scores k [128, 128] x n [256, 1024] 39,067 / 53,095
+    # 35,012 / 47,656 cycles (25.6x / 8.7x the K/V bytes' floor: three / four dependent stages, each
+    # starting ~1,000-7,500 cycles after the one before); with the merge run on one chunk too, 39,389 at
+    # 1,024; 512-position chunks 40,701 / 55,936, 256 41,753 / 76,283, 2,048 39,389 / 111,224; scores
+    # k [128, 128] x n [256, 1024] 39,067 / 53,095 (all with the merge)
     ("attention_core", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
