@@ -111,6 +111,16 @@ def test_saved_answers_round_trip(saved_run, patched_tiny: Path, tmp_path: Path)
     assert again["against_outputs"]["device"] == "cpu" and not again["warnings"]
     assert again["compared"] is True and again["passed"] is True  # compared with the trusted run
 
+    # Answers read from other weights are refused before the model loads, unless two checkpoints are asked.
+    elsewhere = json.loads(answers.read_text())
+    elsewhere["weights_digest"] = "0" * 64
+    (tmp_path / "elsewhere.json").write_text(json.dumps(elsewhere))
+    other = [*base, "--against-outputs", str(tmp_path / "elsewhere.json")]
+    refused = run_cli(other, tmp_path)
+    assert refused.returncode == EXIT_USAGE and "read with other weights" in json_out(refused)["error"]
+    asked = json_out(run_cli([*other, "--other-weights"], tmp_path))
+    assert any("two checkpoints" in warning for warning in asked["warnings"])
+
     # Answers scored against another truth are refused before the model loads.
     pages = tmp_path / "pages"
     write_pages([p for p in bundled_pages() if p.name == "prose"], pages)

@@ -86,6 +86,21 @@ def ocr_verify_text(report) -> None:
     _verdict(report)
 
 
+def _page_speed_lines(result) -> None:
+    """Per page and batch: PTO's speed over the baseline's per timed round, with its noise band."""
+    from pto_patch.run.noise import describe, speed_band
+
+    runs = {(r.page, r.batch, r.mode): r for r in result.runs}
+    for (page, batch, mode), base in runs.items():
+        pto = runs.get((page, batch, "pto"))
+        if mode == "baseline" and pto is not None:
+            estimate = speed_band(base.latencies_s, pto.latencies_s, bool(result.switched_on))
+            out.print(
+                f"  {page}, batch {batch}: PTO speed / baseline, per timed round: {describe(estimate)}",
+                markup=False,
+            )
+
+
 def page_bench_text(result) -> None:
     out.print(f"bench --ocr {result.model_path} on {result.device} ({result.dtype}), task {result.task}")
     table = Table(title="a page's time (median of the timed runs)", title_justify="left")
@@ -118,6 +133,7 @@ def page_bench_text(result) -> None:
         )
     out.print(table)
     out.print("  b: batch; img tok: image tokens; TTFT: time to the first token; pg/min: pages per minute")
+    _page_speed_lines(result)
     for run in result.runs:
         split = run.split()
         if split:

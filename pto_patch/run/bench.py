@@ -22,7 +22,7 @@ from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions, parse_batches
-from pto_patch.run.report import BatchRun, BenchResult, ModeRun, write_report
+from pto_patch.run.report import BatchRun, BenchResult, ModeRun
 from pto_patch.run.report_folder import run_reports_place
 from pto_patch.run.start import run_folder, start_run
 
@@ -85,7 +85,11 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
     place = run_reports_place(
-        "bench", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+        "bench",
+        run_folder(options, batch=max(batches)),
+        options.output_dir,
+        "--output-dir",
+        (BASELINE_FILE, PTO_FILE),
     )
     started = start_run(options, batch=max(batches), use_pto=True)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
@@ -170,7 +174,5 @@ def run_bench(options: BenchOptions) -> BenchResult:
     )
     directory = place.make()
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
-        path = directory / name
-        write_report(result.mode_document(mode), path, "--output-dir")
-        result.files.append(str(path))
+        result.files.append(str(place.write(directory, name, result.mode_document(mode))))
     return result

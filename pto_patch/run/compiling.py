@@ -421,7 +421,7 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
         warnings.append(
             "--warmup 0 with a graph run: one untimed capture run per mode and batch size runs anyway"
             if graph
-            else "--warmup 0 with a compiled model: each mode's first timed run includes compiling it"
+            else "--warmup 0 with a compiled model: one untimed run per mode runs anyway, compiling it"
         )
     if not graph:
         model.forward = torch.compile(

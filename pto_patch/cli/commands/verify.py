@@ -118,6 +118,13 @@ def verify(
             help="--ocr: compare with a trusted run's saved answers.",
         ),
     ] = None,
+    other_weights: Annotated[
+        bool,
+        typer.Option(
+            "--other-weights",
+            help="--against-outputs: accept answers read from other weights (two checkpoints compared).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
