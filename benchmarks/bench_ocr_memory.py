@@ -1,5 +1,5 @@
 """Peak memory of `verify --ocr --pages DIR` against the number of pages: flat, since pages are decoded one
-at a time (run/ocr_pages.py). Each run is a fresh process; its peak resident set comes from wait4.
+at a time (run/ocr/pages.py). Each run is a fresh process; its peak resident set comes from wait4.
 
     python benchmarks/bench_ocr_memory.py --pages 1,300,3000 [--json FILE]
 
@@ -47,8 +47,8 @@ def main() -> None:
     options = parser.parse_args()
     from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
-    from pto_patch.run.ocr_pages import bundled_pages
-    from pto_patch.run.ocr_pages import write_pages as write_bundled
+    from pto_patch.run.ocr.pages import bundled_pages
+    from pto_patch.run.ocr.pages import write_pages as write_bundled
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -416,7 +416,7 @@ def test_no_ratio_is_shown_as_a_gain_when_nothing_was_switched_on(capsys):
 
 def test_bench_ocr_gives_each_page_its_noise_band_and_no_ratio_with_nothing_on(capsys):
     from pto_patch.cli import ocr_render
-    from pto_patch.run.ocr_report import PageBenchResult, PageRun
+    from pto_patch.run.ocr.report import PageBenchResult, PageRun
     from pto_patch.run.report import LoadInfo
 
     def run(mode, latencies):

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.run import ocr_options, ocr_outputs
-from pto_patch.run.ocr_pages import Line, bundled_pages, layout_text2d, load_pages, write_pages
-from pto_patch.run.ocr_report import PageRun, Reading
-from pto_patch.run.ocr_scoring import TASK_NAMES, iou, parse_lines, score_answer
-from pto_patch.run.ocr_verify import MEAN_CER_MARGIN, READING_CER_MARGIN, compare_readings
-from pto_patch.run.page_plot import LABEL_WIDTH, PARTS, ROW, TOP, draw_time_plot
+from pto_patch.run.ocr import options as ocr_options
+from pto_patch.run.ocr import outputs as ocr_outputs
+from pto_patch.run.ocr.pages import Line, bundled_pages, layout_text2d, load_pages, write_pages
+from pto_patch.run.ocr.plot import LABEL_WIDTH, PARTS, ROW, TOP, draw_time_plot
+from pto_patch.run.ocr.report import PageRun, Reading
+from pto_patch.run.ocr.scoring import TASK_NAMES, iou, parse_lines, score_answer
+from pto_patch.run.ocr.verify import MEAN_CER_MARGIN, READING_CER_MARGIN, compare_readings
 
 PAGES = bundled_pages()
 INK = 128  # a pixel darker than this in any channel is ink
@@ -169,7 +170,7 @@ def test_boxes_match_at_the_stated_iou():
 
 
 def readings(mode: str, cers: list[float]) -> list[Reading]:
-    from pto_patch.run.ocr_scoring import Score
+    from pto_patch.run.ocr.scoring import Score
 
     return [
         Reading(f"p{i}", "TEXT", mode, f"answer {i}", 4, False, Score(cer, cer, 100, 100))
@@ -347,9 +348,9 @@ def undocumented(keys, section: str) -> list[str]:
 
 
 def test_every_key_of_the_ocr_documents_is_documented():
-    from pto_patch.run.ocr_report import Comparison, OcrVerifyReport, PageBenchResult, mode_summary
-    from pto_patch.run.ocr_scoring import Score
-    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.ocr.report import Comparison, OcrVerifyReport, PageBenchResult, mode_summary
+    from pto_patch.run.ocr.scoring import Score
+    from pto_patch.run.ocr.verify import MARGINS
     from pto_patch.run.report import LoadInfo
 
     load = LoadInfo([], [], [], None)
@@ -380,9 +381,9 @@ def test_every_key_of_the_ocr_documents_is_documented():
 
 def test_the_text_output_shows_every_reading_and_part(capsys):
     from pto_patch.cli import ocr_render
-    from pto_patch.run.ocr_report import OcrVerifyReport, PageBenchResult
-    from pto_patch.run.ocr_scoring import Score
-    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.ocr.report import OcrVerifyReport, PageBenchResult
+    from pto_patch.run.ocr.scoring import Score
+    from pto_patch.run.ocr.verify import MARGINS
     from pto_patch.run.report import LoadInfo
 
     load = LoadInfo([], [], [], None)
@@ -407,8 +408,8 @@ def test_the_text_output_shows_every_reading_and_part(capsys):
 
 def test_a_page_the_processor_resizes_is_named(tmp_path: Path):
     from pto_patch.hub.tiny_model import make_tiny
-    from pto_patch.run.ocr_inputs import load_image_processor
-    from pto_patch.run.ocr_verify import model_input_size, resized_pages
+    from pto_patch.run.image_inputs import load_image_processor
+    from pto_patch.run.ocr.verify import model_input_size, resized_pages
 
     def seen(processor) -> dict:
         """Each page's size as the model sees it, from the grid the processor makes of it."""

@@ -1,4 +1,4 @@
-"""Saved OCR answers (`--save-outputs` / `--against-outputs`, run/ocr_outputs.py): every field checked on
+"""Saved OCR answers (`--save-outputs` / `--against-outputs`, run/ocr/outputs.py): every field checked on
 read, and answers from other weights refused unless `--other-weights` asks for two checkpoints."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.run.ocr_outputs import check_weights, load_answers, save_answers, weights_digest
-from pto_patch.run.ocr_pages import bundled_pages
-from pto_patch.run.ocr_scoring import TASK_NAMES
+from pto_patch.run.ocr.outputs import check_weights, load_answers, save_answers, weights_digest
+from pto_patch.run.ocr.pages import bundled_pages
+from pto_patch.run.ocr.scoring import TASK_NAMES
 from tests.spec_pipeline import run_in_process
 
 PAGES = bundled_pages()

@@ -16,7 +16,7 @@ import pytest
 
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_USAGE
-from pto_patch.run.ocr_pages import bundled_pages, write_pages
+from pto_patch.run.ocr.pages import bundled_pages, write_pages
 from tests.test_docs_drift import command_lines, rejected
 from tests.test_verify import WRONG_RMS_NORM, json_out, run_cli
 

@@ -29,14 +29,14 @@ from pto_patch.patching import engine
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench, device, loading, verify
-from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
 from pto_patch.run.folder import check_folder
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
+from pto_patch.run.graph.compiling import apply_compile
+from pto_patch.run.image_inputs import sample_image
 from pto_patch.run.inputs import OCR_PROMPT
 from pto_patch.run.loading import fix_rope_config, load_failures
-from pto_patch.run.ocr_inputs import sample_image
-from pto_patch.run.ocr_options import OcrOptions
+from pto_patch.run.ocr.options import OcrOptions
 from pto_patch.run.ops import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
@@ -265,7 +265,7 @@ def test_the_cli_parameters_are_the_options_fields():
         assert issubclass(options_class, RunOptions)
         fields = {field.name for field in dataclasses.fields(options_class)}
         engine_choice = {"engine", "multiprocessing"} if command is cli.verify else set()  # see below
-        # --ocr and its options go to run.ocr_options.OcrOptions (split_ocr_options), the rest here
+        # --ocr and its options go to run.ocr.options.OcrOptions (split_ocr_options), the rest here
         ocr_choice = set(inspect.signature(command).parameters) & {
             f.name for f in dataclasses.fields(OcrOptions)
         }

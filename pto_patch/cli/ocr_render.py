@@ -30,7 +30,7 @@ def _verdict(result) -> None:
 
 
 def ocr_verify_text(report) -> None:
-    from pto_patch.run.ocr_report import mode_summary
+    from pto_patch.run.ocr.report import mode_summary
 
     out.print(f"verify --ocr {report.model_path}")
     out.print(

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches

@@ -13,8 +13,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from pto_patch.run import graph_decode
 from pto_patch.run.device import DeviceChoice, dtype_key, peak_memory_mb, reset_peak_memory, synchronize
+from pto_patch.run.graph import graph_decode
 from pto_patch.run.loading import LoadedModel
 from pto_patch.run.report import Accuracy, ModeMetrics
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import ModelSpec, parse_ops
-from pto_patch.run import graph_decode
-from pto_patch.run.acl_graph import check_settings
 from pto_patch.run.device import dtype_key
-from pto_patch.run.graph_decode import CACHE_KINDS
+from pto_patch.run.graph import graph_decode
+from pto_patch.run.graph.acl_graph import check_settings
+from pto_patch.run.graph.graph_decode import CACHE_KINDS
 from pto_patch.run.hub_kernels import check_hub_kernels
 from pto_patch.run.ops import KERNEL_BACKENDS
 
@@ -37,7 +37,7 @@ class RunOptions:
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     use_acl_graph: bool = False
-    cache: str = "auto"  # run.graph_decode.CACHE_KINDS: the KV cache a compiled run generates with
+    cache: str = "auto"  # run.graph.graph_decode.CACHE_KINDS: the KV cache a compiled run generates with
     use_dynamic_config: bool = False
     allow_modified: bool = False
     hub_kernels: bool = False  # load with use_kernels=True (run/hub_kernels.py)
@@ -105,7 +105,7 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         )
     if options.use_compile or options.use_acl_graph:
         check_compile_backend(options.compile_backend)
-        from pto_patch.run.compiling import cache_kind
+        from pto_patch.run.graph.compiling import cache_kind
 
         if cache_kind(options) == graph_decode.STATIC:
             graph_decode.check_release()  # a transformers whose static cache differs stops here

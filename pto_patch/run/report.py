@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED
 
 if TYPE_CHECKING:
-    from pto_patch.run.compiling import Compilation
+    from pto_patch.run.graph.compiling import Compilation
     from pto_patch.run.noise import Band
 
 SCHEMA_VERSION = 1

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pto_patch.patching.folder_kernels import module_dir
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import peak_memory_source
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches

@@ -21,9 +21,9 @@ from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import load_spec
 from pto_patch.patching import folder_lock
 from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, tuning_path, write_tuning
-from pto_patch.run import graph_decode
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.generation import generate
+from pto_patch.run.graph import graph_decode
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import choose_ops

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pto_patch.run.inputs import OCR_PROMPT
-from pto_patch.run.ocr_pages import Line, Page, finite_box, load_json_text
+from pto_patch.run.ocr.pages import Line, Page, finite_box, load_json_text
 
 IOU_THRESHOLD = 0.5  # the usual detection threshold, and GutenOCR's first one
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.run.ocr_pages import Page, load_json_text
-from pto_patch.run.ocr_scoring import TASK_NAMES
+from pto_patch.run.ocr.pages import Page, load_json_text
+from pto_patch.run.ocr.scoring import TASK_NAMES
 
 KIND = "pto-patch-ocr-answers"
 FORMAT_VERSION = 2  # 2: weights_digest; a version 1 file (none) is read only with --other-weights

@@ -24,13 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import ocr_inputs
-from pto_patch.run.compiling import apply_compile
+from pto_patch.run import image_inputs
 from pto_patch.run.generation import generate
+from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.inputs import repeat_for_batch
 from pto_patch.run.loading import LoadedModel, versions
-from pto_patch.run.ocr_options import OcrOptions
-from pto_patch.run.ocr_outputs import (
+from pto_patch.run.ocr.options import OcrOptions
+from pto_patch.run.ocr.outputs import (
     SavedRun,
     check_weights,
     load_answers,
@@ -38,8 +38,8 @@ from pto_patch.run.ocr_outputs import (
     weight_files,
     weights_digest,
 )
-from pto_patch.run.ocr_pages import Page, load_pages
-from pto_patch.run.ocr_report import (
+from pto_patch.run.ocr.pages import Page, load_pages
+from pto_patch.run.ocr.report import (
     RANDOM_WEIGHTS_NOTE,
     TRUTH_NOTE,
     Comparison,
@@ -47,7 +47,7 @@ from pto_patch.run.ocr_report import (
     Reading,
     mode_summary,
 )
-from pto_patch.run.ocr_scoring import (
+from pto_patch.run.ocr.scoring import (
     IOU_THRESHOLD,
     TASKS,
     error_rates,
@@ -161,7 +161,7 @@ def read_pages(
     for page in pages:
         image = page.image
         for task in TASKS:
-            inputs = ocr_inputs.build_inputs(
+            inputs = image_inputs.build_inputs(
                 loaded.folder,
                 task.prompt,
                 image,
@@ -248,7 +248,7 @@ def resized_pages(
 def _image_processor(folder: Path):
     # build_inputs says what is missing when there is no preprocessor_config.json.
     return (
-        ocr_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
+        image_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
     )
 
 

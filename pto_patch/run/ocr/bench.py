@@ -18,21 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import ocr_inputs
+from pto_patch.run import image_inputs
 from pto_patch.run.bench import BenchOptions
-from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import synchronize
 from pto_patch.run.generation import WARMUP_NEW_TOKENS, generate, warmup_runs
+from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.inputs import repeat_for_batch
 from pto_patch.run.loading import LoadedModel, versions
-from pto_patch.run.ocr_options import OcrOptions
-from pto_patch.run.ocr_pages import load_pages
-from pto_patch.run.ocr_report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
-from pto_patch.run.ocr_scoring import TASKS
-from pto_patch.run.ocr_verify import RANDOM_VOCABULARY_BELOW
+from pto_patch.run.ocr.options import OcrOptions
+from pto_patch.run.ocr.pages import load_pages
+from pto_patch.run.ocr.plot import write_time_plot
+from pto_patch.run.ocr.report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
+from pto_patch.run.ocr.scoring import TASKS
+from pto_patch.run.ocr.verify import RANDOM_VOCABULARY_BELOW
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import parse_batches
-from pto_patch.run.page_plot import write_time_plot
 from pto_patch.run.report_folder import run_reports_place
 from pto_patch.run.start import run_folder, start_run
 
@@ -141,9 +141,9 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         warnings.append("no vision encoder (a module named visual) found: vision time is not split out")
     folder = loaded.folder
     processor = (
-        ocr_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
+        image_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
     )
-    image_id = loaded.tokenizer.convert_tokens_to_ids(ocr_inputs.IMAGE_TOKEN)
+    image_id = loaded.tokenizer.convert_tokens_to_ids(image_inputs.IMAGE_TOKEN)
 
     runs: list[PageRun] = []
     ops = {}
@@ -170,7 +170,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         try:
             for page in pages:
                 started_at = time.perf_counter()
-                single = ocr_inputs.build_inputs(
+                single = image_inputs.build_inputs(
                     folder, TASK.prompt, page.image, tokenizer=loaded.tokenizer, image_processor=processor
                 )
                 preprocess_s = time.perf_counter() - started_at

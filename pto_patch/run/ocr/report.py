@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pto_patch.run.ocr_scoring import Score
+from pto_patch.run.ocr.scoring import Score
 from pto_patch.run.report import SCHEMA_VERSION, LoadInfo, OpReport, Verdict
 
 RANDOM_WEIGHTS_NOTE = (
