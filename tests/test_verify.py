@@ -638,10 +638,12 @@ def test_ops_the_folder_was_not_patched_with_are_refused_before_loading(tmp_path
         )
         assert f"apply --model-path {folder.resolve()} --ops rms_norm,swiglu_mlp" in error.hint
     # `all` is every op patched in: nothing to refuse
+    from pto_patch.model.spec import OpsAsked
     from pto_patch.run.ops import choose_ops
 
     state = check_folder(folder.resolve(), use_pto=True, allow_modified=False)
-    assert choose_ops("all", load_spec("gutenocr_3b"), state, 1, False)[0] == ("rms_norm",)
+    spec = load_spec("gutenocr_3b")
+    assert choose_ops(OpsAsked.read("all", spec), spec, state, 1, False)[0] == ("rms_norm",)
 
 
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):

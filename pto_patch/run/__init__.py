@@ -9,7 +9,7 @@ The core, here:
 - `inputs`: prompt, image and batch; `image_inputs`: one image and a prompt as the model's inputs
 - `generation`: greedy generation, both modes timed side by side, the comparison; `noise`: a ratio's band
 - `ops`: which ops are switched on, and whether they ran; `patchers`: other patchers that bypass the guard
-- `preflight`, `start`: options, folder and load in the order every command needs
+- `start`: options read once into a plan, the folder's ops checked, one load
 - `verification`, `verify`, `bench`, `demo`: the proving commands
 - `report`: every command's JSON document; `report_folder`, `user_files`: where reports and named files go
 

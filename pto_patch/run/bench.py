@@ -24,7 +24,7 @@ from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, 
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import BatchRun, BenchResult, ModeRun
 from pto_patch.run.report_folder import run_reports_place
-from pto_patch.run.start import run_folder, start_run
+from pto_patch.run.start import plan_run, start_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -84,14 +84,11 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
+    plan = plan_run(options, batch=max(batches), use_pto=True)
     place = run_reports_place(
-        "bench",
-        run_folder(options, batch=max(batches)),
-        options.output_dir,
-        "--output-dir",
-        (BASELINE_FILE, PTO_FILE),
+        "bench", plan.folder, options.output_dir, "--output-dir", (BASELINE_FILE, PTO_FILE)
     )
-    started = start_run(options, batch=max(batches), use_pto=True)
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
@@ -105,7 +102,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     for batch in batches:
         inputs = repeat_for_batch(single, batch, device)
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             spec,
             loaded.state,
             batch,

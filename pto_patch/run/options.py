@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.model.spec import ModelSpec, parse_ops
 from pto_patch.run.device import dtype_key
 from pto_patch.run.graph import graph_decode
 from pto_patch.run.graph.acl_graph import check_settings
@@ -85,8 +84,9 @@ def compares(use_pto: bool, baseline_only: bool) -> bool:
     return not baseline_only
 
 
-def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
-    """Reject bad option values (usage errors) before any folder, device or model is touched."""
+def check_option_values(options: RunOptions, batch: int) -> None:
+    """Reject bad option values (usage errors) before any folder, device or model is touched (`--ops`,
+    which needs the spec, is read with it: run.start.plan_run)."""
     check_counts(options.warmup, options.iters, batch, options.output_length)
     dtype_key(options.dtype)
     if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
@@ -95,8 +95,6 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
             f"choose from: {', '.join(KERNEL_BACKENDS)}",
             exit_code=EXIT_USAGE,
         )
-    if options.ops is not None:
-        parse_ops(options.ops, spec)
     if options.cache not in CACHE_KINDS:
         raise PtoPatchError(
             f"--cache '{options.cache}' is unknown",

@@ -34,7 +34,7 @@ from pto_patch.run.ocr.verify import RANDOM_VOCABULARY_BELOW
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import parse_batches
 from pto_patch.run.report_folder import run_reports_place
-from pto_patch.run.start import run_folder, start_run
+from pto_patch.run.start import plan_run, start_run
 
 PAGE_BENCH_FILE = "bench_ocr_pages.json"
 TASK = TASKS[0]  # TEXT: read the whole page, the task a page is OCR'd with
@@ -124,14 +124,11 @@ def _page_run(page, batch, mode, runs: list[_Timed], image_tokens, prompt_tokens
 def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     batches = parse_batches(options.batches)
     pages = load_pages(ocr.pages)
+    plan = plan_run(options, batch=max(batches), use_pto=True)
     place = run_reports_place(
-        "bench-ocr",
-        run_folder(options, batch=max(batches)),
-        options.output_dir,
-        "--output-dir",
-        (PAGE_BENCH_FILE,),
+        "bench-ocr", plan.folder, options.output_dir, "--output-dir", (PAGE_BENCH_FILE,)
     )
-    started = start_run(options, batch=max(batches), use_pto=True)
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     compiled = apply_compile(loaded.model, options, warnings)
     kernels = loaded.kernels
@@ -151,7 +148,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     backends = []
     for batch in batches:
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             loaded.spec,
             loaded.state,
             batch,

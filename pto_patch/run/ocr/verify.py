@@ -57,7 +57,7 @@ from pto_patch.run.ocr.scoring import (
 )
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.report import write_report
-from pto_patch.run.start import run_folder, start_run
+from pto_patch.run.start import plan_run, start_run
 from pto_patch.run.verification import VerifyOptions, compares
 
 READING_CER_MARGIN = 0.05
@@ -255,11 +255,10 @@ def _image_processor(folder: Path):
 def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     pages = load_pages(ocr.pages)  # bad pages and a bad saved file are usage errors, before any load
     saved = load_answers(ocr.against_outputs, pages) if ocr.against_outputs is not None else None
-    weights_warning = (
-        check_weights(saved, run_folder(options, batch=1), ocr.other_weights) if saved is not None else None
-    )
     use_pto = compares(options)  # verify's own decision: PTO is compared unless --baseline-only
-    started = start_run(options, batch=1, use_pto=use_pto)
+    plan = plan_run(options, batch=1, use_pto=use_pto)
+    weights_warning = check_weights(saved, plan.folder, ocr.other_weights) if saved is not None else None
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     if weights_warning is not None:
         warnings.append(weights_warning)
@@ -270,7 +269,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     if use_pto:
         lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             loaded.spec,
             loaded.state,
             1,
