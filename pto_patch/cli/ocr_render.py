@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
-from pto_patch.cli.console import err, out
+from pto_patch.cli.console import err, folding_table, out
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -38,7 +36,7 @@ def ocr_verify_text(report) -> None:
         f"tasks {', '.join(report.tasks)}, up to {report.output_length} new tokens per answer"
     )
     modes = report.modes()
-    table = Table(
+    table = folding_table(
         title="CER against the truth (lower is better; LINES: parsed, box F1)", title_justify="left"
     )
     table.add_column("page")
@@ -57,7 +55,7 @@ def ocr_verify_text(report) -> None:
         table.add_row(page, task, *(row.get(mode, "-") for mode in modes))
     out.print(table)
     out.print("  * the answer stopped at --output_length")
-    summary = Table(title="per mode", title_justify="left")
+    summary = folding_table(title="per mode", title_justify="left")
     for column in ("mode", "mean CER", "mean WER", "LINES parsed", "mean box F1"):
         summary.add_column(column, justify="left" if column == "mode" else "right")
     for mode in modes:
@@ -103,7 +101,7 @@ def _page_speed_lines(result) -> None:
 
 def page_bench_text(result) -> None:
     out.print(f"bench --ocr {result.model_path} on {result.device} ({result.dtype}), task {result.task}")
-    table = Table(title="a page's time (median of the timed runs)", title_justify="left")
+    table = folding_table(title="a page's time (median of the timed runs)", title_justify="left")
     columns = (
         "page",
         "b",
@@ -117,7 +115,7 @@ def page_bench_text(result) -> None:
         "pg/min",
     )
     for column in columns:
-        table.add_column(column, justify="left" if column in ("page", "mode") else "right", no_wrap=True)
+        table.add_column(column, justify="left" if column in ("page", "mode") else "right")
     for run in result.runs:
         table.add_row(
             run.page,
