@@ -1,15 +1,15 @@
 """What one decode step would cost on a 910B, on paper: the PyPTO cost model's kernel spans, summed.
 
-    python benchmarks/bench_decode_projection.py [--json out.json] [--context 1024] [--launch-us 16.8]
+    python benchmarks/bench_decode_projection.py [--json out.json] [--contexts 1024,4096] [--launch-us 16.8]
                                                  [--launches 196] [--timeout S]
 
 A projection, not a measurement: nothing here runs on a device. One decode step of GutenOCR-3B at
 batch 1 (widths as bench_sim.py: hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, vocabulary 151,936):
 - 36 decoder layers of the blocks: attention_prologue + mlp_block, each simulated once (bench_sim.run_sim,
   the tilings the kernel package picks); the per-op layer (8 kernels) beside it;
-- the attention core per layer, an ESTIMATE (no kernel of it is simulated): reading the K and V cache of
-  `--context` tokens at the model's bandwidth, plus the fixed cost of one small kernel, taken as the
-  simulated span of a decode RMSNorm (a task's copies wait ~1,400 cycles however little they move);
+- the attention core per layer: the pypto flash-decode kernel (pypto_attention.py) simulated over a static
+  cache of each of `--contexts` positions (1 new row, GutenOCR-3B's 16 q / 2 kv heads of 128), beside the
+  floor of reading its K and V once at the model's bandwidth; nothing is estimated;
 - the final RMSNorm (1 x 2048) and the lm_head as one plain matmul kernel (2048 -> 151,936), simulated.
 
 Printed per layer variant, in ms per token:
@@ -18,8 +18,9 @@ Printed per layer variant, in ms per token:
   for one small PyPTO RMSNorm kernel: another kernel, the order of magnitude of a launch), for the
   modeled kernels only and for every kernel the step dispatches (`--launches`: 196 in blocks mode on 36
   layers, 1,461 for the baseline, as `bench_launches.py --layers 2,36` counted them);
-beside the seed's 90 ms a token (the reference's 11.1 tok/s on a 910B) and the weight-streaming floor
-(the decoder's and the tied lm_head's weights once at the model's bandwidth, about 4.4 ms).
+beside the seed's 90 ms a token (the reference's 11.1 tok/s on a 910B), the weight-streaming floor (the
+decoder's and the tied lm_head's weights once at the model's bandwidth, about 4.4 ms) and the floor with
+the 36 layers' K and V caches read once as well.
 Asserts nothing.
 """
 
@@ -40,11 +41,13 @@ SEED_MS = 90.0  # the reference's baseline on a 910B: 11.1 tok/s at batch 1
 LAUNCH_US = 16.8  # pypto-gym: one 1x2048 PyPTO RMSNorm kernel on a 910B, end to end
 STEP_LAUNCHES = {"blocks": 196, "baseline": 1461}  # bench_launches.py --layers 2,36, README
 FINAL = [("rms_norm", {"width": bench_sim.TEXT}), ("linear", {"out": VOCAB, "in": bench_sim.TEXT})]
+CONTEXTS = (1024, 4096)
 
 
-def kernels_to_simulate(rows: int) -> list[tuple[str, dict]]:
+def kernels_to_simulate(rows: int, contexts=CONTEXTS) -> list[tuple[str, dict]]:
     wanted = []
-    for op, params in bench_sim.LAYER_KERNELS["fused"] + bench_sim.LAYER_KERNELS["per_op"] + FINAL:
+    cores = [("attention_core", {"context": c}) for c in contexts]
+    for op, params in bench_sim.LAYER_KERNELS["fused"] + bench_sim.LAYER_KERNELS["per_op"] + FINAL + cores:
         entry = (op, {"rows": rows} | params)
         if entry not in wanted:
             wanted.append(entry)
@@ -62,15 +65,15 @@ def bytes_per_us(soc: dict) -> float:
     return soc["ddr_rate_bytes_per_cycle"] * soc["ai_core_cnt"] * soc["cube_freq_mhz"]
 
 
-def attention_core_us(context: int, small_kernel_us: float, soc: dict) -> float:
-    """The estimate: one layer's K and V cache for `context` tokens read once, plus a small kernel's fixed cost."""
-    kv_bytes = 2 * bench_sim.K_HEADS * bench_sim.HEAD_DIM * context * bench_sim.BF16_BYTES
-    return kv_bytes / bytes_per_us(soc) + small_kernel_us
+def kv_floor_us(context: int, soc: dict) -> float:
+    """One layer's K and V cache of `context` positions read once at the model's bandwidth."""
+    kv_bytes = bench_sim.min_bytes("attention_core", {"rows": 1, "context": context})
+    return kv_bytes / bytes_per_us(soc)
 
 
 def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc: dict) -> dict:
     norm_us, lm_head_us = spans_us["rms_norm"], spans_us["linear_lm_head"]
-    attention_us = attention_core_us(context, norm_us, soc)
+    attention_us = spans_us[f"attention_core_{context}"]
     variants = {}
     for variant, kernels in bench_sim.LAYER_KERNELS.items():
         layer_us = sum(spans_us[_key(op, params)] for op, params in kernels)
@@ -86,21 +89,31 @@ def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc:
     blocks["eager_all_launches_ms"] = round(
         (blocks["captured_ms"] * 1e3 + launches["blocks"] * launch_us) / 1e3, 3
     )
+    weight_floor = weight_floor_ms(soc)
+    kv_floor = LAYERS * kv_floor_us(context, soc) / 1e3
     return {
         "context_tokens": context,
         "launch_us": launch_us,
         "step_launches": launches,
-        "attention_core_us_per_layer_estimate": round(attention_us, 2),
+        "attention_core_us_per_layer": round(attention_us, 2),
+        "attention_core_kv_floor_us_per_layer": round(kv_floor_us(context, soc), 2),
         "final_norm_us": round(norm_us, 2),
         "lm_head_us": round(lm_head_us, 2),
         "variants": variants,
         "baseline_launches_only_ms": round(launches["baseline"] * launch_us / 1e3, 3),
         "seed_ms": SEED_MS,
-        "weight_floor_ms": round(weight_floor_ms(soc), 3),
+        "weight_floor_ms": round(weight_floor, 3),
+        "weight_and_kv_floor_ms": round(weight_floor + kv_floor, 3),
+        "captured_blocks_over_weight_floor": round(blocks["captured_ms"] / weight_floor, 3),
+        "captured_blocks_over_weight_and_kv_floor": round(
+            blocks["captured_ms"] / (weight_floor + kv_floor), 3
+        ),
     }
 
 
 def _key(op: str, params: dict) -> str:
+    if op == "attention_core":
+        return f"attention_core_{params['context']}"
     if op == "linear":
         return "linear_lm_head" if params["out"] == VOCAB else f"linear_{params['in']}_{params['out']}"
     return op
@@ -109,7 +122,9 @@ def _key(op: str, params: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the spans and the projection here")
-    parser.add_argument("--context", type=int, default=1024, help="tokens in the KV cache (prompt + output)")
+    parser.add_argument(
+        "--contexts", default=",".join(map(str, CONTEXTS)), help="positions in the KV cache, comma-separated"
+    )
     parser.add_argument(
         "--launch-us", type=float, default=LAUNCH_US, help="host launch cost per kernel, eager"
     )
@@ -120,10 +135,11 @@ def main() -> int:
         "--timeout", type=int, default=bench_sim.SIM_TIMEOUT_S, help="seconds per simulated kernel"
     )
     args = parser.parse_args()
+    contexts = tuple(int(c) for c in args.contexts.split(","))
 
     soc = bench_sim.soc_config()
     entries, spans_us = [], {}
-    for op, params in kernels_to_simulate(rows=1):
+    for op, params in kernels_to_simulate(rows=1, contexts=contexts):
         entry = bench_sim.run_sim(op, params, args.timeout)
         entries.append(entry)
         if entry["status"] != "ok":
@@ -132,15 +148,25 @@ def main() -> int:
         spans_us[_key(op, params)] = entry["us"]
         print(f"simulated {_key(op, params):<22} {entry['us']:>9.2f} us  ({entry['wall_s']} s)", flush=True)
     launches = {"blocks": args.launches, "baseline": STEP_LAUNCHES["baseline"]}
-    projection = project(spans_us, args.context, args.launch_us, launches, soc)
+    projections = [project(spans_us, c, args.launch_us, launches, soc) for c in contexts]
+    for projection in projections:
+        _print(projection, soc, args)
+    if args.json:
+        doc = {"soc": soc, "kernels": entries, "projections": projections}
+        args.json.write_text(json.dumps(doc, indent=2))
+    return 0
 
+
+def _print(projection: dict, soc: dict, args) -> None:
+    context = projection["context_tokens"]
     print(
-        f"\nOne decode step of GutenOCR-3B on a {soc['soc_version']}, batch 1, {args.context}-token context: "
+        f"\nOne decode step of GutenOCR-3B on a {soc['soc_version']}, batch 1, {context}-position KV cache: "
         "a projection from the PyPTO cost model, not a measurement"
     )
     print(
-        f"attention core per layer (estimate): {projection['attention_core_us_per_layer_estimate']} us; "
-        f"final norm {projection['final_norm_us']} us; lm_head {projection['lm_head_us']} us"
+        f"attention core per layer (simulated): {projection['attention_core_us_per_layer']} us, its K/V floor "
+        f"{projection['attention_core_kv_floor_us_per_layer']} us; final norm {projection['final_norm_us']} us; "
+        f"lm_head {projection['lm_head_us']} us"
     )
     print(f"{'layer':<22} {'kernels':>7} {'captured ms':>12} {f'eager ms (+{args.launch_us} us/kernel)':>30}")
     for variant, row in projection["variants"].items():
@@ -155,11 +181,10 @@ def main() -> int:
         f"the baseline's {STEP_LAUNCHES['baseline']} launches alone: {projection['baseline_launches_only_ms']:.2f} ms"
     )
     print(
-        f"seed (reference baseline, measured on a 910B): {SEED_MS} ms; weight floor: {projection['weight_floor_ms']:.2f} ms"
+        f"seed (reference baseline, measured on a 910B): {SEED_MS} ms; weight floor {projection['weight_floor_ms']:.2f}"
+        f" ms (captured blocks {projection['captured_blocks_over_weight_floor']:.2f}x); with the K/V caches"
+        f" {projection['weight_and_kv_floor_ms']:.2f} ms ({projection['captured_blocks_over_weight_and_kv_floor']:.2f}x)"
     )
-    if args.json:
-        args.json.write_text(json.dumps({"soc": soc, "kernels": entries, "projection": projection}, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

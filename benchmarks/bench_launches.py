@@ -10,9 +10,12 @@ dispatches, under a `TorchDispatchMode`, in each mode:
 - reference: rms_norm, mrope, swiglu_mlp on (the reference system's flags);
 - blocks: attention_prologue and mlp_block on (with rms_norm for the final norm): a decoder layer is the
   prologue, the attention core and the MLP block;
+- core: blocks with attention_core on too: the attention function (sdpa) replaced by the op, its lengths
+  read from the mask once per step;
 - residual: residual_rms_norm alone.
 A family whose spec refuses attention_prologue (Qwen3-VL: its q/k norms sit inside the prologue) counts
-blocks as mrope and mlp_block on (with rms_norm for the input, q/k and final norms).
+blocks as mrope and mlp_block on (with rms_norm for the input, q/k and final norms), core as those and
+attention_core.
 The pto_kernels ops run as custom ops, as a compiled or captured model launches them (the eager
 wrappers call their bodies directly): the counter sees each one once, as one kernel, and not the ops
 inside it. Two counts per mode: every aten op dispatched, and kernels, the ops that are not views (a view
@@ -43,6 +46,7 @@ MODES = {
     "baseline": (),
     "reference": ("rms_norm", "mrope", "swiglu_mlp"),
     "blocks": ("rms_norm", "attention_prologue", "mlp_block"),
+    "core": ("rms_norm", "attention_prologue", "attention_core", "mlp_block"),
     "residual": ("residual_rms_norm",),
 }
 
@@ -55,7 +59,11 @@ def modes_for(injections) -> dict[str, tuple[str, ...]]:
     """MODES for a spec's injections: without attention_prologue, blocks keeps the layer's own norms and MRoPE."""
     if "attention_prologue" in injections:
         return dict(MODES)
-    return {**MODES, "blocks": ("rms_norm", "mrope", "mlp_block")}
+    return {
+        **MODES,
+        "blocks": ("rms_norm", "mrope", "mlp_block"),
+        "core": ("rms_norm", "mrope", "attention_core", "mlp_block"),
+    }
 
 
 def count_decode_step(

@@ -65,6 +65,8 @@ PREFILL_ROWS = (128, 700, 2048)
 KV_WIDTH = K_HEADS * HEAD_DIM
 QUICK = [("rms_norm", {"rows": 1, "width": TEXT}), ("mrope", {"rows": 1}), ("swiglu_mlp", {"rows": 1})]
 BLOCKS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+# the attention core at decode: 1 new row a sequence, batch 1, over a static cache this long (positions)
+CORE_CONTEXTS = (1024, 4096)
 # a decoder layer's kernels apart from the attention core, per op and as fused blocks: (op, params
 # other than rows); each `linear` is one of the layer's projections, (out, in)
 LAYER_KERNELS = {
@@ -86,6 +88,7 @@ TARGETS = {  # (shape class, op) -> (what, limit)
     ("decode", "mlp_block"): ("ratio", 1.2),
     ("decode", "attention_prologue"): ("ratio", 1.5),
     ("decode", "decoder_layer/fused"): ("ratio", 1.3),
+    ("decode", "attention_core"): ("ratio", 1.5),
     ("decode", "rms_norm"): ("us", 2.0),
     ("decode", "mrope"): ("us", 2.0),
     ("prefill", "rms_norm"): ("ratio", 1.5),
@@ -111,6 +114,11 @@ def block_shapes(rows=DECODE_ROWS) -> list[tuple[str, dict]]:
             if (op, {"rows": r} | params) not in out:
                 out.append((op, {"rows": r} | params))
     return out
+
+
+def core_shapes(contexts=CORE_CONTEXTS, rows=(1,)) -> list[tuple[str, dict]]:
+    """The attention core at decode (batch 1, GutenOCR-3B's heads) over static caches of `contexts`."""
+    return [("attention_core", {"rows": r, "context": c}) for c in contexts for r in rows]
 
 
 def layer_entries(entries: list[dict], soc: dict) -> list[dict]:
@@ -182,6 +190,10 @@ def matmul_macs(op: str, params: dict) -> int:
 def min_bytes(op: str, params: dict) -> int:
     """Bytes a kernel must move at least: every input, weight and output once (bf16)."""
     rows = params["rows"]
+    if (
+        op == "attention_core"
+    ):  # the K and V of every cache position (the floor the issue names): q, out aside
+        return BF16_BYTES * 2 * K_HEADS * HEAD_DIM * params["context"]
     if op == "rms_norm":
         return BF16_BYTES * (2 * rows * params["width"] + params["width"])
     if op == "residual_rms_norm":  # x, residual in; normed, sum out; the weight
@@ -212,7 +224,9 @@ def _sim_child(request: str) -> None:
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
-    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM}.get(op, TEXT)
+    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM, "attention_core": HEAD_DIM}.get(
+        op, TEXT
+    )
     if config is None:
         config = tile_config(op, rows, width)[1]
     else:
@@ -234,6 +248,8 @@ def _sim_child(request: str) -> None:
         kernel(x, gate, up, torch.randn(TEXT, INTER, dtype=bf16), torch.empty_like(x))
     elif op in BLOCKS or op == "linear":
         _sim_block(op, params, config)
+    elif op == "attention_core":
+        _sim_core(params, config)
     else:
         raise ValueError(op)
 
@@ -295,6 +311,30 @@ def _sim_block(op: str, params: dict, config) -> None:
             cos.clone(),
             *outs,
         )
+
+
+def _sim_core(params: dict, config) -> None:
+    from pto_kernels.backends import pypto_attention
+
+    bf16, rows, context = torch.bfloat16, params["rows"], params["context"]
+    group = Q_HEADS // K_HEADS
+    kernel = pypto_attention._build_attention_core(
+        1, K_HEADS, group, rows, context, HEAD_DIM, bf16, HEAD_DIM**-0.5, config, "sim"
+    )
+    chunks = -(-context // pypto_attention.chunk_width(config, context))
+    q = torch.randn(K_HEADS * group * rows, HEAD_DIM, dtype=bf16)
+    cache = torch.randn(K_HEADS * context, HEAD_DIM, dtype=bf16)
+    kernel(
+        q,
+        cache,
+        cache.clone(),
+        torch.full((1, 1), float(context)),
+        torch.zeros(group * rows, 1),
+        torch.arange(context, dtype=torch.float32).reshape(1, -1),
+        torch.empty_like(q),
+        torch.empty(q.shape[0], 2 * -(-chunks // 8) * 8),
+        torch.empty(q.shape[0], chunks * HEAD_DIM),
+    )
 
 
 # --- reading pypto's reports -------------------------------------------------------------------------
@@ -359,7 +399,8 @@ def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None
     from pto_kernels.tiling.tile_table import TileConfig, tile_config
 
     if config is None:
-        config = tile_config(op, params["rows"], {"rms_norm": params.get("width", TEXT)}.get(op, TEXT))[1]
+        width = {"rms_norm": params.get("width", TEXT), "attention_core": HEAD_DIM}.get(op, TEXT)
+        config = tile_config(op, params["rows"], width)[1]
     else:
         config = TileConfig.from_dict(config)
     tiles = tile_budget.cube_tiles(op, config)
@@ -468,6 +509,8 @@ def _label(entry: dict) -> str:
         return f"residual_rms_norm {p['rows']}x{p['width']}"
     if entry["op"] == "linear":
         return f"linear {p['rows']} tok {p['in']}-{p['out']}"
+    if entry["op"] == "attention_core":
+        return f"attention_core {p['rows']} row ctx {p['context']}"
     if entry["op"] in ("mlp_block", "attention_prologue"):
         return f"{entry['op']} {p['rows']} tok"
     if entry["op"].startswith("decoder_layer/"):
@@ -526,12 +569,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write results here")
     parser.add_argument("--quick", action="store_true", help="one decode shape per op (a smoke run)")
     parser.add_argument(
-        "--only", choices=["rms_norm", "mrope", "swiglu_mlp", *BLOCKS, "linear"], help="one op only"
+        "--only",
+        choices=["rms_norm", "mrope", "swiglu_mlp", *BLOCKS, "linear", "attention_core"],
+        help="one op only",
     )
     parser.add_argument(
         "--blocks",
         action="store_true",
         help="the decoder-layer blocks and the per-op / fused decoder-layer rows, at decode",
+    )
+    parser.add_argument(
+        "--core", action="store_true", help="the attention core at decode over 1,024 and 4,096 positions"
     )
     parser.add_argument("--timeout", type=int, default=SIM_TIMEOUT_S, help="seconds per kernel")
     parser.add_argument("--rows", help="only these row counts, comma-separated (e.g. 1,4,8,16)")
@@ -540,7 +588,9 @@ def main() -> None:
     if args.sim_child:
         _sim_child(args.sim_child)
         return
-    kernels = QUICK if args.quick else block_shapes() if args.blocks else shapes()
+    kernels = (
+        QUICK if args.quick else block_shapes() if args.blocks else core_shapes() if args.core else shapes()
+    )
     if args.only:
         kernels = [k for k in kernels if k[0] == args.only]
     if args.rows:

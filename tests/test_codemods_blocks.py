@@ -1,4 +1,5 @@
-"""The decoder-layer block codemods (attention_prologue, mlp_block, residual_rms_norm): before and after on a
+"""The decoder-layer block codemods (attention_prologue, attention_core, mlp_block, residual_rms_norm): before
+and after on a
 small decoder layer written like transformers', the rewritten code run with every switch combination
 against the original, their missing anchors, and idempotence."""
 
@@ -12,6 +13,7 @@ import torch
 from pto_patch.errors import AnchorNotFoundError
 from pto_patch.model.injections_found import find_injections
 from pto_patch.model.spec import load_spec
+from pto_patch.patching.codemods.inject_attention_core import InjectAttentionCore
 from pto_patch.patching.codemods.inject_attention_prologue import InjectAttentionPrologue
 from pto_patch.patching.codemods.inject_mlp_block import InjectMlpBlock
 from pto_patch.patching.codemods.inject_residual_rms_norm import InjectResidualRmsNorm
@@ -60,17 +62,28 @@ class Qwen2MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
+def sdpa_attention_forward(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=attention_mask is None and query.shape[2] > 1
+    )
+    return out.transpose(1, 2), None
+
+
 class Qwen2_5_VLAttention(nn.Module):
     def __init__(self, hidden, heads, kv_heads):
         super().__init__()
         self.head_dim = hidden // heads
+        self.scaling = self.head_dim**-0.5
         self.section = [2, 1, 1]
         self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=True)
         self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, hidden_states, position_embeddings=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         bsz, q_len, _ = hidden_states.size()
 
         query_states = self.q_proj(hidden_states)
@@ -85,11 +98,11 @@ class Qwen2_5_VLAttention(nn.Module):
         query_states, key_states = apply_multimodal_rotary_pos_emb(
             query_states, key_states, cos, sin, self.section
         )
-        groups = query_states.shape[1] // key_states.shape[1]
-        key_states = key_states.repeat_interleave(groups, dim=1)
-        value_states = value_states.repeat_interleave(groups, dim=1)
-        attn_output = torch.nn.functional.scaled_dot_product_attention(query_states, key_states, value_states, **kwargs)
-        attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, -1).contiguous()
+        attention_interface = sdpa_attention_forward
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask, scaling=self.scaling, **kwargs
+        )
+        attn_output = attn_output.reshape(bsz, q_len, -1).contiguous()
         attn_output = self.o_proj(attn_output)
         return attn_output, None
 
@@ -123,9 +136,10 @@ class Qwen2_5_VLDecoderLayer(nn.Module):
         hidden_states = residual + hidden_states
         return hidden_states
 """
-BLOCKS = ("attention_prologue", "mlp_block", "residual_rms_norm")
+BLOCKS = ("attention_prologue", "attention_core", "mlp_block", "residual_rms_norm")
 CODEMODS = {
     "attention_prologue": InjectAttentionPrologue,
+    "attention_core": InjectAttentionCore,
     "mlp_block": InjectMlpBlock,
     "residual_rms_norm": InjectResidualRmsNorm,
 }
@@ -174,6 +188,15 @@ def _stand_in_kernels() -> types.ModuleType:
         module = sys.modules[type(attention).__module__]
         return (*module.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section), v)
 
+    def attention_core_model_wrapper(attention, query, keys, values, attention_mask):
+        kernels.calls["attention_core"] += 1
+        module = sys.modules[type(attention).__module__]
+        out, _ = module.sdpa_attention_forward(
+            attention, query, keys, values, attention_mask, scaling=attention.scaling
+        )
+        return out.reshape(query.shape[0], query.shape[2], -1)
+
+    kernels.attention_core_model_wrapper = attention_core_model_wrapper
     kernels.residual_rms_norm_wrapper = residual_rms_norm_wrapper
     kernels.mlp_block_wrapper = mlp_block_wrapper
     kernels.attention_prologue_wrapper = attention_prologue_wrapper
@@ -261,8 +284,52 @@ def test_rewritten_layer_runs_the_switched_on_blocks_and_matches_the_original(ct
         actual = patched_layer(x, position_embeddings=tables)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
     ran = {op for op, calls in kernels.calls.items() if calls}
-    # mlp_block does the residual add + norm itself: with both on, only mlp_block runs
-    assert ran == set(switched_on) - ({"residual_rms_norm"} if "mlp_block" in switched_on else set())
+    # mlp_block does the residual add + norm itself: with both on, only mlp_block runs; the attention core
+    # is for one sequence: a batch of 2 runs the model's attention function
+    assert ran == set(switched_on) - ({"residual_rms_norm"} if "mlp_block" in switched_on else set()) - {
+        "attention_core"
+    }
+
+
+@pytest.mark.parametrize(
+    "batch, window, runs", [(1, None, True), (2, None, False), (1, 4, False)], ids=["one", "batch", "window"]
+)
+def test_the_attention_core_replaces_the_attention_function_for_one_sequence(
+    ctx, batch, window, runs, monkeypatch
+):
+    original = _load(DECODER, "small_original_core")
+    patched = _load(inject_blocks(DECODER, ctx), "small_patched_core")
+    kernels = _stand_in_kernels()
+    kernels.USE_PTO_ATTENTION_CORE = True
+    monkeypatch.setitem(sys.modules, "pto_kernels", kernels)
+    torch.manual_seed(0)
+    layer, patched_layer = original.Qwen2_5_VLDecoderLayer(), patched.Qwen2_5_VLDecoderLayer()
+    patched_layer.load_state_dict(layer.state_dict())
+    patched_layer.self_attn.sliding_window = window  # a sliding-window layer keeps the model's attention
+    x, angles = torch.randn(batch, 1, 32), torch.randn(3, batch, 1, 4).repeat(1, 1, 1, 2)
+    with torch.no_grad():
+        expected = layer(x, position_embeddings=(angles.cos(), angles.sin()))
+        actual = patched_layer(x, position_embeddings=(angles.cos(), angles.sin()))
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+    assert kernels.calls["attention_core"] == int(runs)
+
+
+def test_attention_core_before_and_after(ctx):
+    after = run(InjectAttentionCore(), DECODER, ctx)
+    layer = after[after.index("class Qwen2_5_VLDecoderLayer") :]
+    assert (
+        '        if pto_kernels is not None and getattr(pto_kernels, "USE_PTO_ATTENTION_CORE", False):\n'
+        '            kwargs["pto_attention_core"] = True\n'
+    ) in layer
+    attention = after[after.index("class Qwen2_5_VLAttention") : after.index("class Qwen2_5_VLDecoderLayer")]
+    assert 'pto_attention_core = kwargs.pop("pto_attention_core", False)' in attention
+    run_block = " ".join(attention[attention.index("if pto_attention_core") :].split())
+    assert run_block.startswith(
+        "if pto_attention_core and query_states.shape[0] == 1 and query_states.shape[2] <= 16 "
+        'and not getattr(self, "sliding_window", None): '
+        'attn_output = sys.modules["pto_kernels"].attention_core_model_wrapper(self, query_states, key_states, '
+        "value_states, attention_mask) attn_weights = None else: attn_output, attn_weights = attention_interface("
+    )
 
 
 def test_a_wrong_block_is_caught_by_the_comparison(ctx, monkeypatch):
@@ -301,6 +368,11 @@ def test_blocks_are_injected_once(ctx):
         ),
         ("attention_prologue", ("apply_multimodal_rotary_pos_emb(\n", "rotate_all(\n"), "q/k/v projections"),
         ("mlp_block", ("        hidden_states = self.mlp(hidden_states)\n", ""), "residual add, norm, MLP"),
+        (
+            "attention_core",
+            ("attn_output, attn_weights = attention_interface(", "attn_output = attention_interface("),
+            "no `attn_output, attn_weights",
+        ),
         ("mlp_block", ("        attn_output = self.o_proj(attn_output)\n", ""), "o_proj"),
         (
             "mlp_block",

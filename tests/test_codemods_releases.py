@@ -197,6 +197,25 @@ def counting_kernels() -> types.ModuleType:
         q, k, v = heads(attention, norm, hidden_states)
         return (*rotate(q, k, cos.unsqueeze(1), sin.unsqueeze(1)), v)
 
+    def attention_core_model_wrapper(attention, query, keys, values, attention_mask):
+        """The new rows of one sequence over its first kv_len cached positions, causal among themselves;
+        kv_len: what the mask's last row sees (all the keys without a mask)."""
+        kernels.calls["attention_core"] += 1
+        b, heads, rows, dim = query.shape
+        if attention_mask is None:
+            kv_len = keys.shape[2]
+        else:
+            last = attention_mask[:, 0, -1, : keys.shape[2]]
+            kv_len = int((last if last.dtype == torch.bool else last == 0).sum())
+        groups = heads // keys.shape[1]
+        k, v = (t[:, :, :kv_len].repeat_interleave(groups, dim=1) for t in (keys, values))
+        scores = torch.matmul(query, k.transpose(2, 3)) * attention.scaling
+        visible = torch.arange(kv_len)[None, :] <= (kv_len - rows + torch.arange(rows))[:, None]
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, v).transpose(1, 2).reshape(b, rows, heads * dim)
+
+    kernels.attention_core_model_wrapper = attention_core_model_wrapper
     kernels.rms_norm_wrapper = rms_norm_wrapper
     kernels.swiglu_mlp_wrapper = swiglu_mlp_wrapper
     kernels.mrope_mixed_wrapper = mrope_mixed_wrapper

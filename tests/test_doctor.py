@@ -19,7 +19,15 @@ from pto_patch.run.diagnosis import doctor
 from tests.test_json_output import assert_document
 
 REPO = Path(__file__).resolve().parents[1]
-OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
+OPS = (
+    "rms_norm",
+    "mrope",
+    "swiglu_mlp",
+    "residual_rms_norm",
+    "mlp_block",
+    "attention_prologue",
+    "attention_core",
+)
 
 
 @pytest.fixture()

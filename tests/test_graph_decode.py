@@ -377,12 +377,15 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     soc = {"ddr_rate_bytes_per_cycle": 32, "ai_core_cnt": 24, "cube_freq_mhz": 1850}
     spans = {"attention_prologue": 20.0, "mlp_block": 120.0, "rms_norm": 2.0, "mrope": 7.0}
     spans |= {"swiglu_mlp": 125.0, "linear_2048_2048": 10.0, "linear_2048_256": 8.0, "linear_lm_head": 350.0}
+    spans |= {"attention_core_1024": 22.0, "attention_core_4096": 30.0}  # the simulated core per context
     out = projection.project(
         spans, context=1024, launch_us=10.0, launches={"blocks": 200, "baseline": 1000}, soc=soc
     )
-    attention = out["attention_core_us_per_layer_estimate"]
-    kv_us = 2 * 2 * 128 * 1024 * 2 / (32 * 24 * 1850)
-    assert attention == pytest.approx(kv_us + 2.0, abs=0.01)
+    assert not [key for key in out if "estimate" in key]  # every kernel simulated
+    attention = out["attention_core_us_per_layer"]
+    assert attention == 22.0
+    kv_us = 2 * 2 * 128 * 1024 * 2 / (32 * 24 * 1850)  # K and V of 2 heads x 128, 1,024 positions, bf16
+    assert out["attention_core_kv_floor_us_per_layer"] == pytest.approx(kv_us, abs=0.01)
     blocks = out["variants"]["fused"]
     captured_us = 36 * (140.0 + attention) + 2.0 + 350.0
     assert blocks["captured_ms"] == pytest.approx(captured_us / 1e3, abs=1e-3)
@@ -393,6 +396,15 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     assert per_op["layer_kernels_us"] == pytest.approx(2 * 2.0 + 2 * 10.0 + 2 * 8.0 + 7.0 + 125.0)
     assert out["baseline_launches_only_ms"] == pytest.approx(10.0)
     assert 4.0 < out["weight_floor_ms"] < 4.8  # about 6.2 GB at about 1.42 TB/s
+    kv_floor_ms = 36 * kv_us / 1e3
+    assert out["weight_and_kv_floor_ms"] == pytest.approx(out["weight_floor_ms"] + kv_floor_ms, abs=2e-3)
+    assert out["captured_blocks_over_weight_floor"] == pytest.approx(
+        blocks["captured_ms"] / out["weight_floor_ms"], abs=2e-3
+    )
+    at_4096 = projection.project(spans, 4096, 10.0, {"blocks": 200, "baseline": 1000}, soc)
+    assert at_4096["variants"]["fused"]["captured_ms"] == pytest.approx(
+        (captured_us + 36 * 8.0) / 1e3, abs=1e-3
+    )
 
 
 # --- tune measures replays too --------------------------------------------------------------------

@@ -199,7 +199,14 @@ def family_run(request, tmp_path_factory) -> tuple[str, dict]:
 def test_apply_takes_the_release_source_and_loads_every_weight(family_run):
     release, facts = family_run
     assert facts["version"] == facts["manifest_release"] == release
-    assert facts["ops"] == ["rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block"]
+    assert facts["ops"] == [
+        "rms_norm",
+        "mrope",
+        "swiglu_mlp",
+        "residual_rms_norm",
+        "mlp_block",
+        "attention_core",
+    ]
     assert facts["class"] == "Qwen3Vl4BInstructForConditionalGeneration"
     assert facts["module"].startswith("transformers_modules.")
     assert facts["missing"] == [] and facts["unexpected"] == []
@@ -235,7 +242,14 @@ def test_verify_with_every_op_passes_on_an_image(family_run):
     assert facts["verify_rc"] == 0, facts["verify_stderr"]
     report = facts["verify"]
     assert report["passed"] and report["input"]["kind"] == "image"
-    assert report["switched_on"] == ["rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block"]
+    assert report["switched_on"] == [
+        "rms_norm",
+        "mrope",
+        "swiglu_mlp",
+        "residual_rms_norm",
+        "mlp_block",
+        "attention_core",
+    ]
     ops = report["pto"]["ops"]
     assert all(ops[op]["calls"] > 0 for op in ("rms_norm", "mrope", "mlp_block")), ops
     load = report["load_info"]

@@ -38,6 +38,7 @@ __all__ = [
     "BLOCK_OPS",
     "OPS",
     "REFERENCE_OPS",
+    "USE_PTO_ATTENTION_CORE",
     "USE_PTO_ATTENTION_PROLOGUE",
     "USE_PTO_MLP_BLOCK",
     "USE_PTO_MROPE",
@@ -48,6 +49,8 @@ __all__ = [
     "TuningError",
     "TuningMismatchError",
     "apply_tuning",
+    "attention_core_model_wrapper",
+    "attention_core_wrapper",
     "attention_prologue_mixed_wrapper",
     "attention_prologue_wrapper",
     "backend",
@@ -73,10 +76,11 @@ USE_PTO_SWIGLU_MLP = False
 USE_PTO_RESIDUAL_RMS_NORM = False
 USE_PTO_MLP_BLOCK = False
 USE_PTO_ATTENTION_PROLOGUE = False
+USE_PTO_ATTENTION_CORE = False
 
 SWITCHES = {op: f"USE_PTO_{op.upper()}" for op in OPS}
 REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags: enable()'s default
-BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_core")
 
 # Per op: "auto" unless PTO_KERNELS_BACKEND says otherwise; enable(backend=...) overrides both.
 _backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
@@ -89,7 +93,7 @@ _tracing = torch.compiler.is_compiling
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
     global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
-    global _attention_prologue, _attention_prologue_mixed
+    global _attention_prologue, _attention_prologue_mixed, _attention_core, _attention_core_masked
     routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
@@ -97,6 +101,7 @@ def _bind() -> None:
     _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
     _attention_prologue = routes["attention_prologue"]
     _attention_prologue_mixed = routes["attention_prologue_mixed"]
+    _attention_core, _attention_core_masked = routes["attention_core"], routes["attention_core_masked"]
 
 
 _bind()
@@ -290,6 +295,26 @@ def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
     if _tracing():
         return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
     return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)
+
+
+def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
+    """A decode step's attention core over a static KV cache: query [b, q_heads, s, d] (s <= 16 new rows,
+    the last s of each sequence's kv_lens[b] valid positions, causal among themselves), key_cache /
+    value_cache [b, kv_heads, cache_len, d] already holding the new rows, kv_lens [b] integers; softmax in
+    fp32. Returns [b, s, q_heads * d], the input of o_proj (and of mlp_block)."""
+    if _tracing():
+        return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale))
+    return _attention_core(query, key_cache, value_cache, kv_lens, scale)
+
+
+def attention_core_model_wrapper(attention, query, key_cache, value_cache, attention_mask):
+    """attention_core_wrapper as a patched attention calls it, in place of its attention function: each
+    sequence's length read from the mask the attention received (decode_lengths.py: once per forward, not
+    per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d]."""
+    scale = float(attention.scaling)
+    if _tracing():
+        return ops.attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
+    return _attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
 
 
 # Modules that moved into backends/ and tiling/, by their old names, for code written before the move

@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops as one entry)
-OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
+OPS = (
+    "rms_norm",
+    "mrope",
+    "swiglu_mlp",
+    "residual_rms_norm",
+    "mlp_block",
+    "attention_prologue",
+    "attention_core",
+)
 BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 BACKEND_ENV = "PTO_KERNELS_BACKEND"
 STRICT_ENV = "PTO_KERNELS_STRICT"
@@ -39,6 +47,8 @@ _ENTRY_OP = {
     "mlp_block": "mlp_block",
     "attention_prologue": "attention_prologue",
     "attention_prologue_mixed": "attention_prologue",
+    "attention_core": "attention_core",
+    "attention_core_masked": "attention_core",  # the lengths read from the model's attention mask
 }
 
 
@@ -156,6 +166,8 @@ _DEVICE_ARG = {
     "mlp_block": 0,
     "attention_prologue": 0,
     "attention_prologue_mixed": 0,
+    "attention_core": 0,
+    "attention_core_masked": 0,
 }
 
 

@@ -21,6 +21,12 @@ and the decoder-layer blocks, several of a layer's ops in one launch (reference.
     torch.ops.pto_kernels.attention_prologue_mixed(x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin,
                                                    head_dim) -> (q, k, v)
 
+and the attention core between them, over the static KV cache of a decode step:
+
+    torch.ops.pto_kernels.attention_core(q, key_cache, value_cache, kv_lens, scale) -> [b, s, heads * d]
+    torch.ops.pto_kernels.attention_core_masked(q, key_cache, value_cache, attention_mask, scale)  # lengths
+                                                                                # from the model's mask
+
 The ops are registered once per process. The body runs the routes of the `pto_kernels` package that is
 in sys.modules when it is called, which is the one the patched modeling code's guards look up too.
 A body reads Python state (routes, counters, the MRoPE table cache) only when it runs: a graph replayed
@@ -169,6 +175,18 @@ def _attention_prologue_mixed(
     )
 
 
+def _attention_core(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, kv_lens: Tensor, scale: float
+) -> Tensor:
+    return _run("attention_core", (query, key_cache, value_cache, kv_lens, scale))
+
+
+def _attention_core_masked(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, attention_mask: Tensor | None, scale: float
+) -> Tensor:
+    return _run("attention_core_masked", (query, key_cache, value_cache, attention_mask, scale))
+
+
 # op name -> (body, fake). The fakes are the reference math run on fake tensors while tracing; like the
 # bodies, they return new tensors, never a view of an input.
 _OPS = {
@@ -180,6 +198,8 @@ _OPS = {
     "mlp_block": (_mlp_block, reference.mlp_block),
     "attention_prologue": (_attention_prologue, reference.attention_prologue),
     "attention_prologue_mixed": (_attention_prologue_mixed, reference.attention_prologue_mixed),
+    "attention_core": (_attention_core, reference.attention_core),
+    "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
 
@@ -268,3 +288,5 @@ residual_rms_norm = torch.ops.pto_kernels.residual_rms_norm.default
 mlp_block = torch.ops.pto_kernels.mlp_block.default
 attention_prologue = torch.ops.pto_kernels.attention_prologue.default
 attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default
+attention_core = torch.ops.pto_kernels.attention_core.default
+attention_core_masked = torch.ops.pto_kernels.attention_core_masked.default

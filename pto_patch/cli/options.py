@@ -47,7 +47,7 @@ OpsOpt = Annotated[
     typer.Option(
         "--ops",
         help="Comma-separated ops: rms_norm, mrope, swiglu_mlp, and the decoder-layer blocks "
-        "residual_rms_norm, mlp_block, attention_prologue; or all. Default: apply patches in all; "
+        "residual_rms_norm, mlp_block, attention_prologue, attention_core; or all. Default: apply patches in all; "
         "runs switch on the patched ones of the first three (the reference's flags).",
     ),
 ]

@@ -18,10 +18,18 @@ from pto_patch.model.family import FAMILIES, Family, family
 from pto_patch.resources import templates_dir
 
 # The reference system's three ops, then the decoder-layer blocks (several of a layer's ops in one launch).
-OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
+OPS = (
+    "rms_norm",
+    "mrope",
+    "swiglu_mlp",
+    "residual_rms_norm",
+    "mlp_block",
+    "attention_prologue",
+    "attention_core",
+)
 # The decoder-layer blocks, and the ops each does the work of: while a block is on, the guards of those ops
 # inside a decoder layer are not reached (their calls stay 0 there), which is not a failure.
-BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue")
+BLOCK_OPS = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_core")
 REFERENCE_OPS = ("rms_norm", "mrope", "swiglu_mlp")  # the reference system's flags
 BLOCKS = {"attention_prologue": ("mrope",), "mlp_block": ("swiglu_mlp", "residual_rms_norm")}
 # The kernel package's switch for each op; the patched code reads it at every call.

@@ -1,10 +1,12 @@
-"""pto-patch injection template: the decoder-layer blocks (attention prologue, MLP block, residual add + norm).
+"""pto-patch injection template: the decoder-layer blocks (attention prologue, attention core, MLP block,
+residual add + norm).
 
 A block spans two methods: the decoder layer's `forward` decides (a guard at its top reads the switch)
 and its attention's `forward` follows (it pops what the layer handed it through **kwargs). Each function
 below is one piece; the codemod takes its body and fills in:
-- names: KWARGS (the forward's **kwargs), HIDDEN, RESIDUAL, Q, K, V (the source's own variables),
-  INPUT_NORM, POST_NORM, MLP, O_PROJ, ATTENTION (module expressions such as `self.input_layernorm`),
+- names: KWARGS (the forward's **kwargs), HIDDEN, RESIDUAL, Q, K, V, MASK, OUT, WEIGHTS (the source's own
+  variables and expressions), INPUT_NORM, POST_NORM, MLP, O_PROJ, ATTENTION (module expressions such as
+  `self.input_layernorm`),
   COS, SIN, SECTION (the rotary call's own arguments);
 - statements: ORIGINAL (the statements a piece wraps; with the switch off they run as written), KEPT
   (statements of the wrapped range the block does not replace, such as `cos, sin = position_embeddings`);
@@ -82,5 +84,23 @@ def residual_guard():
 def residual_norm(HIDDEN, RESIDUAL):
     if pto_residual_rms_norm is not None:
         HIDDEN, RESIDUAL = pto_residual_rms_norm(HIDDEN, RESIDUAL, POST_NORM)
+    else:
+        ORIGINAL
+
+
+def core_guard(KWARGS):
+    pto_kernels = sys.modules.get("pto_kernels")
+    if pto_kernels is not None and getattr(pto_kernels, "SWITCH", False):
+        KWARGS["pto_attention_core"] = True
+
+
+def core_received(KWARGS):
+    pto_attention_core = KWARGS.pop("pto_attention_core", False)
+
+
+def core_run(self):
+    if pto_attention_core and Q.shape[0] == 1 and Q.shape[2] <= 16 and not getattr(self, "sliding_window", None):
+        OUT = sys.modules["pto_kernels"].attention_core_model_wrapper(self, Q, K, V, MASK)
+        WEIGHTS = None
     else:
         ORIGINAL

@@ -9,7 +9,8 @@ npu_apply_rotary_pos_emb defaults to layout 'BSND' instead of 'BSH'. Mirrored: a
 keyword-only markers, return arity, ranks, layouts, contiguity and dtype rules. A refused input raises
 RuntimeError, as an aclnn parameter check does on the device. Not mirrored (refused here although the
 real op may take it): npu_apply_rotary_pos_emb's 'BSH' layout, npu_rotary_mul's `rotate` matrix and
-npu_mrope's 'interleave' cache mode; pto_kernels uses none of them.
+npu_mrope's 'interleave' cache mode; pto_kernels uses none of them. npu_fused_infer_attention_score lives in
+stand_in_fused_attention.py, which says what of it is mirrored.
 
 `calls` counts each op; `copies` counts the contiguous copies aclnn makes in front of an op that takes a
 non-contiguous input (one more launch each). `inside` is entered around each op's body (a benchmark sets it
@@ -23,6 +24,7 @@ import types
 from collections import Counter
 
 import torch
+from stand_in_fused_attention import make_op as _fused_attention
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 RELEASES = ("7.3.0", "26.0.0", "26.1.0")
@@ -260,6 +262,7 @@ def make_module(release: str = "26.1.0") -> types.ModuleType:
         ("npu_rotary_mul", npu_rotary_mul),
         ("npu_mrope", npu_mrope),
         ("npu_apply_rotary_pos_emb", npu_apply_rotary_pos_emb),
+        ("npu_fused_infer_attention_score", _fused_attention()),
     ):
         setattr(mod, name, _counted(name, body))
     return mod

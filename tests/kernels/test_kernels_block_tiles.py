@@ -24,6 +24,16 @@ def test_blocks_look_up_their_own_table():
     assert tile_config("rms_norm", 1, 2048)[1] is TILE_TABLE[("rms_norm", "decode", None)]
 
 
+def test_one_row_has_its_own_prologue_kernel_and_two_rows_the_decode_one():
+    one = tile_config("attention_prologue", 1, 2048)
+    assert one == ("one_row", BLOCK_TILE_TABLE[("attention_prologue", "one_row", None)])
+    assert (
+        one[1].static and one[1].row_tile == 1
+    )  # a 1-row loop over more rows would read the weights per row
+    assert tile_config("attention_prologue", 2, 2048)[0] == "decode"
+    assert tile_config("mlp_block", 1, 2048)[0] == "decode"  # no one_row entry: the decode one
+
+
 def test_mlp_block_keeps_its_o_proj_out_of_the_l1_reuse_merge():
     """Subgraph 0 is the o_proj matmul: merged 8 at a time it ran as 2 tasks of ~97k cycles at decode."""
     for klass in ("decode", "prefill"):

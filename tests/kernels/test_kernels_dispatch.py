@@ -148,6 +148,7 @@ def test_stats_cover_every_op():
         "residual_rms_norm",
         "mlp_block",
         "attention_prologue",
+        "attention_core",
     }
 
 

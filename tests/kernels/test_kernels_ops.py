@@ -54,6 +54,8 @@ def test_every_entry_is_a_registered_custom_op():
         "mlp_block",
         "attention_prologue",
         "attention_prologue_mixed",
+        "attention_core",
+        "attention_core_masked",
     }
     for name in ops.NAMES:
         assert ops.registered(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import decode_lengths
 from . import reference
 
 # Above ~64 rows of 2048 the fused form measured no faster (0.78-1.00x, bf16, 2-core CPU), so larger
@@ -199,3 +200,33 @@ def attention_prologue(*args):
 def attention_prologue_mixed(*args):
     """reference.attention_prologue_mixed's arguments; this backend's RMSNorm and MRoPE."""
     return reference.prologue_with(rms_norm, mrope_mixed, args)
+
+
+def attention_core(query, key_cache, value_cache, kv_lens, scale):
+    """The attention core by torch's scaled_dot_product_attention (grouped heads, no repeat_kv copy) over
+    the cache positions some sequence still uses: a static cache's unused tail is never read."""
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    batch, q_heads, rows, dim = query.shape
+    used = key_cache.shape[2]
+    if not (query.is_cuda and torch.cuda.is_current_stream_capturing()):  # a capture cannot read lengths
+        used = int(kv_lens.max())
+        if not (rows <= int(kv_lens.min()) and used <= key_cache.shape[2]):
+            raise ValueError(
+                f"attention_core: kv_lens {kv_lens.tolist()} do not hold {rows} new rows in the cache"
+            )
+    allowed = reference.decode_positions_allowed(kv_lens, rows, used)[:, None]
+    out = F.scaled_dot_product_attention(
+        query,
+        key_cache[:, :, :used],
+        value_cache[:, :, :used],
+        attn_mask=allowed,
+        scale=scale,
+        enable_gqa=q_heads != key_cache.shape[1],
+    )
+    return out.transpose(1, 2).reshape(batch, rows, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with the lengths read from the model's attention mask, once per forward."""
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

@@ -26,7 +26,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import fused, reference
+from .. import decode_lengths
+from . import fused, pypto_device, reference
 
 
 def _torch_npu():
@@ -211,3 +212,40 @@ def attention_prologue(*args):
 def attention_prologue_mixed(*args):
     """reference.attention_prologue_mixed's arguments; this backend's RMSNorm and MRoPE."""
     return reference.prologue_with(rms_norm, mrope_mixed, args)
+
+
+def attention_core(query, key_cache, value_cache, kv_lens, scale):
+    """The attention core by `npu_fused_infer_attention_score`, the fused attention op vllm-ascend calls,
+    in its BNSD layout: query [b, q_heads, s, d] and the caches [b, kv_heads, cache_len, d] as they are
+    (contiguous: the op takes no strided input), GQA by num_key_value_heads, the valid lengths as
+    actual_seq_lengths_kv. Its schema takes those as a host int list (SymInt[]), so kv_lens is read back
+    to the host here: one device-to-host copy a call. With more than one new row, a bool mask
+    [b, 1, s, cache_len] (True: masked) keeps them causal (sparse_mode 0); one row needs none. Inside a
+    device-graph capture no host copy can run: the lengths then go into the mask too, made on the device,
+    and the op gets no length list. fp16 / bf16 only, as the op."""
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    batch, q_heads, rows, dim = query.shape
+    capturing = pypto_device.capturing(query.device.type)
+    lengths = None if capturing else [int(n) for n in kv_lens.tolist()]
+    mask = None
+    if rows > 1 or capturing:
+        mask = ~reference.decode_positions_allowed(kv_lens, rows, key_cache.shape[2])[:, None]
+    out, _ = _torch_npu().npu_fused_infer_attention_score(
+        query.contiguous(),
+        key_cache.contiguous(),
+        value_cache.contiguous(),
+        atten_mask=mask,
+        actual_seq_lengths_kv=lengths,
+        num_heads=q_heads,
+        scale=float(scale),
+        input_layout="BNSD",
+        num_key_value_heads=key_cache.shape[1],
+        sparse_mode=0,
+    )
+    return out.transpose(1, 2).reshape(batch, rows, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with the lengths read from the model's attention mask, once per forward."""
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

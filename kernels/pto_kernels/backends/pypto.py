@@ -6,7 +6,7 @@ machinery. This table hands both to the dispatcher without either module importi
 entry is looked up in its module at every call, so a kernel replaced there (a test, a hot fix) is seen.
 """
 
-from . import pypto_blocks, pypto_kernels
+from . import pypto_attention, pypto_blocks, pypto_kernels
 
 # kernel entry (as _dispatch names it) -> the module that defines it
 ENTRIES = {
@@ -21,6 +21,8 @@ ENTRIES = {
     "mlp_block": pypto_blocks,
     "attention_prologue": pypto_blocks,
     "attention_prologue_mixed": pypto_blocks,
+    "attention_core": pypto_attention,
+    "attention_core_masked": pypto_attention,
 }
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import decode_lengths
+
 
 def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     input_dtype = hidden_states.dtype
@@ -216,3 +218,65 @@ def prologue_with(norm, rotary, args: tuple) -> tuple[torch.Tensor, torch.Tensor
     q, k, v = project_heads(norm(hidden_states, norm_weight, eps), q_w, q_b, k_w, k_b, v_w, v_b, head_dim)
     q, k = rotary(q, k, cos, sin, *section, 1)
     return q, k, v
+
+
+# The attention core at decode: the new rows' attention over a static KV cache, as transformers computes it.
+
+
+def decode_positions_allowed(kv_lens: torch.Tensor, rows: int, cache_len: int) -> torch.Tensor:
+    """[b, rows, cache_len] bool: row i of sequence b (its rows are the last `rows` of its kv_lens[b] valid
+    positions) sees cache positions j <= kv_lens[b] - rows + i, causal among the new rows."""
+    positions = torch.arange(cache_len, device=kv_lens.device)
+    last = kv_lens.reshape(-1, 1, 1) - rows + torch.arange(rows, device=kv_lens.device).reshape(1, -1, 1)
+    return positions.reshape(1, 1, -1) <= last
+
+
+def check_attention_core(query, key_cache, value_cache, kv_lens) -> None:
+    """The op's contract, checked on every backend: shapes, GQA grouping and lengths (raises ValueError)."""
+    if query.dim() != 4 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"attention_core takes query [b, q_heads, s, d] and caches [b, kv_heads, cache_len, d] alike,"
+            f" not {tuple(query.shape)}, {tuple(key_cache.shape)}, {tuple(value_cache.shape)}"
+        )
+    batch, q_heads, rows, dim = query.shape
+    if key_cache.shape[0] != batch or key_cache.shape[3] != dim or q_heads % key_cache.shape[1]:
+        raise ValueError(
+            f"attention_core: query {tuple(query.shape)} does not group over caches {tuple(key_cache.shape)}"
+        )
+    if tuple(kv_lens.shape) != (batch,) or kv_lens.dtype.is_floating_point:
+        raise ValueError(f"attention_core takes kv_lens as [{batch}] integers, not {tuple(kv_lens.shape)}")
+
+
+def attention_core(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    kv_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The attention core of a decode step, transformers' eager attention: the `rows` new query rows of each
+    sequence over its first kv_lens[b] cache positions (causal among the new rows), scores in the query's
+    dtype scaled by `scale`, masked with the dtype's minimum, softmax in fp32 rounded back, times V.
+
+    query [b, q_heads, rows, d]; key_cache / value_cache [b, kv_heads, cache_len, d] (the static cache,
+    already holding the new rows' keys and values); kv_lens [b] integers. Returns [b, rows, q_heads * d]
+    (what o_proj takes)."""
+    check_attention_core(query, key_cache, value_cache, kv_lens)
+    batch, q_heads, rows, dim = query.shape
+    groups = q_heads // key_cache.shape[1]
+    keys = key_cache.repeat_interleave(groups, dim=1)  # transformers' repeat_kv
+    values = value_cache.repeat_interleave(groups, dim=1)
+    allowed = decode_positions_allowed(kv_lens, rows, key_cache.shape[2])[:, None]
+    mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)
+    scores = torch.matmul(query, keys.transpose(2, 3)) * scale + mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(weights, values).transpose(1, 2)
+    return out.reshape(batch, rows, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with each sequence's length read from the attention mask the model built
+    (decode_lengths.count; uncached: this is also the op's fake, run on fake tensors)."""
+    kv_lens = decode_lengths.count(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

@@ -68,6 +68,10 @@ def cube_tiles(op: str, config: TileConfig) -> list[CubeTiles]:
         "mlp_block": [CubeTiles("o_proj", m, proj.k, proj.n), main, down],
         "attention_prologue": [CubeTiles("q/k/v", m, proj.k, proj.n)],
         "linear": [proj],
+        "attention_core": [
+            CubeTiles("scores", m, config.cube_k, config.cube_n),
+            CubeTiles("P @ V", m, down.k, down.n),
+        ],
     }.get(op, [])
 
 

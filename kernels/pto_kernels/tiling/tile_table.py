@@ -5,7 +5,8 @@ body. The entries were chosen by a search under PyPTO's SIM cost model (benchmar
 measured candidates are kept next to this file in tile_search.json. Every entry is run through PyPTO's
 CPU interpreter against float64 references by tests/kernels/test_kernels_pypto.py.
 
-Shape classes: "decode" for calls of at most DECODE_MAX_ROWS rows (tokens for RMSNorm and the MLP, batch x
+Shape classes: "one_row" for a call of exactly 1 row where an op has such an entry, "decode" for calls of
+at most DECODE_MAX_ROWS rows (tokens for RMSNorm and the MLP, batch x
 sequence positions for MRoPE), "prefill" for the rest. Each (op, class, width, dtype) gets one compiled
 kernel whose row axis is dynamic, so every prompt length and batch size reuses it; an entry with
 `static=True` builds one kernel per row count instead (only worth it where the cost model says so).
@@ -43,6 +44,9 @@ class TileConfig:
     # None: cube_k / cube_n
     proj_cube_k: tuple[int, int] | None = None
     proj_cube_n: tuple[int, int] | None = None
+    # attention_core: cache positions per chunk, the unit the context is split into across cores (the
+    # scores matmul's n tiles are cube_n, the P @ V matmul's k tiles down_cube_k); None: no attention
+    kv_chunk: int | None = None
     # pypto pass_options merge settings, e.g. (("cube_l1_reuse_setting", -1, 4),)
     pass_settings: tuple[tuple[str, int, int], ...] = field(default=())
 
@@ -145,6 +149,13 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("attention_prologue", "decode", None): TileConfig(
         row_tile=16, norm_rows=8, cube_k=(256, 1024), cube_n=(128, 128)
     ),
+    # 1 token (batch-1 decode, the OCR case), one kernel for exactly 1 row: 30,870 cycles (2.26x its floor;
+    # the 16-row entry above 33,269, 2.43x). 1-row vec tiles read x once per epilogue task where 8-row RMSNorm
+    # tiles read it twice (6 copies of ~1,450 cycles a task -> 5); its 20 matmul tasks end at 17,766
+    # (1.30x the floor alone), its 19 epilogue tasks start 270 cycles apart and take 7,944 each
+    ("attention_prologue", "one_row", None): TileConfig(
+        row_tile=1, static=True, norm_rows=1, cube_k=(256, 1024), cube_n=(128, 128)
+    ),
     ("attention_prologue", "prefill", None): TileConfig(
         row_tile=128,
         cube_m=128,
@@ -154,6 +165,19 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         cube_n=(128, 256),
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
+    ),
+    # the attention core (pypto_attention.py), 1 row, GutenOCR-3B's heads: 1,024 / 4,096 cached positions
+    # 39,389 / 47,656 cycles (28.9x / 8.7x the K/V bytes' floor: four dependent stages, each waiting
+    # ~5,000-7,500 cycles on the one before); 512-position chunks 40,701 / 55,936, 256 41,753 / 76,283,
+    # 2,048 39,389 / 111,224; scores k [128, 128] x n [256, 1024] 39,067 / 53,095
+    ("attention_core", "decode", None): TileConfig(
+        row_tile=16,
+        norm_rows=8,
+        kv_chunk=1024,
+        cube_k=(64, 128),
+        cube_n=(512, 1024),
+        down_cube_k=(256, 1024),
+        down_cube_n=(128, 128),
     ),
     # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
     # 2048 -> 2048 / 2048 -> 256: 17,995 / 14,714 cycles with k [128, 1024], 32 KiB of L0B; with k
@@ -168,8 +192,9 @@ def shape_class(rows: int) -> str:
 
 
 def tile_config(op: str, rows: int, width: int) -> tuple[str, TileConfig]:
-    """The shape class of a call with `rows` rows and its TileConfig (a width-specific entry wins)."""
-    klass = shape_class(rows)
+    """The shape class of a call with `rows` rows and its TileConfig (a width-specific entry wins); an op
+    with a "one_row" entry gets it for exactly 1 row (a kernel of its own: static, 1-row tiles)."""
+    klass = "one_row" if rows == 1 and (op, "one_row", None) in BLOCK_TILE_TABLE else shape_class(rows)
     table = BLOCK_TILE_TABLE if (op, klass, None) in BLOCK_TILE_TABLE else TILE_TABLE
     config = table.get((op, klass, width)) or table[(op, klass, None)]
     return klass, config

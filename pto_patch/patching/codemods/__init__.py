@@ -18,6 +18,7 @@ from pto_patch.patching.codemods.absolute_imports import AbsoluteImports
 from pto_patch.patching.codemods.banner import Banner
 from pto_patch.patching.codemods.checkpoint_conversion import CheckpointConversion
 from pto_patch.patching.codemods.context import Codemod, PatchContext
+from pto_patch.patching.codemods.inject_attention_core import InjectAttentionCore
 from pto_patch.patching.codemods.inject_attention_prologue import InjectAttentionPrologue
 from pto_patch.patching.codemods.inject_mlp_block import InjectMlpBlock
 from pto_patch.patching.codemods.inject_mrope import InjectMrope
@@ -40,6 +41,7 @@ INJECTIONS: dict[str, type[Codemod]] = {
     "mrope": InjectMrope,
     "swiglu_mlp": InjectSwigluMlp,
     "attention_prologue": InjectAttentionPrologue,
+    "attention_core": InjectAttentionCore,
     "mlp_block": InjectMlpBlock,
     "residual_rms_norm": InjectResidualRmsNorm,
 }

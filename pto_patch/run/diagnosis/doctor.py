@@ -35,6 +35,8 @@ KERNEL_PACKAGE = "pto_kernels"
 # GutenOCR-3B's text decoder (rootsautomation/GutenOCR-3B config.json)
 WIDTHS = {"hidden": 2048, "intermediate": 11008, "q_heads": 16, "kv_heads": 2, "head_dim": 128}
 SECTION = (16, 24, 24)
+# the attention core: a static cache of 512 positions, 300 of them valid, at most 16 new rows
+CORE_CACHE, CORE_VALID, CORE_MAX_ROWS = 512, 300, 16
 EPS = 1e-6
 # relative error (norm of the difference over the norm of the float64 reference) a kernel may reach
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}
@@ -249,12 +251,16 @@ def _inputs(torch, tokens: int, gen) -> dict[str, Any]:
         "k": torch.randn(1, WIDTHS["kv_heads"], tokens, dim, generator=gen),
         "cos": angles.cos(),
         "sin": angles.sin(),
+        "query": torch.randn(1, WIDTHS["q_heads"], min(tokens, CORE_MAX_ROWS), dim, generator=gen),
+        "key_cache": torch.randn(1, WIDTHS["kv_heads"], CORE_CACHE, dim, generator=gen),
+        "value_cache": torch.randn(1, WIDTHS["kv_heads"], CORE_CACHE, dim, generator=gen),
+        "kv_lens": torch.tensor([CORE_VALID]),
     }
 
 
 def _moved(value, torch, device, dtype):
-    if isinstance(value, torch.Tensor):
-        return value.to(device=device, dtype=dtype)
+    if isinstance(value, torch.Tensor):  # lengths stay integers
+        return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
     if isinstance(value, torch.nn.Module):
         import copy
 
@@ -279,6 +285,11 @@ def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
     if op == "attention_prologue":
         return kernels.attention_prologue_wrapper(
             m["attention"], m["norm"], i["hidden_states"], i["cos"], i["sin"], list(SECTION)
+        )
+    if op == "attention_core":
+        scale = WIDTHS["head_dim"] ** -0.5
+        return kernels.attention_core_wrapper(
+            i["query"], i["key_cache"], i["value_cache"], i["kv_lens"], scale
         )
     raise ValueError(op)
 

@@ -1,0 +1,219 @@
+"""The attention core at decode as a PyPTO 0.2 flash-decode kernel: the context split into chunks spread
+over the AI cores, each chunk's softmax partials (row max, row sum, unnormalised P @ V) merged online.
+
+    query [b, q_heads, s, d], caches [b, kv_heads, cache_len, d] (the static cache), kv_lens [b]
+    -> [b, s, q_heads * d]
+
+Rows: the q heads that share a kv head (GQA: q head h reads kv head h // group, as transformers'
+repeat_kv) and the s new positions are one matmul's rows, M = group x s, so each kv chunk is read once
+for the whole group. Per (sequence, kv head, chunk), one task each stage: S = Q K^T (fp32), masked and
+scaled; m = rowmax(S), P = exp(S - m), l = rowsum(P); A = P @ V (P rounded to the activations' dtype, as
+flash attention does). Then per (sequence, kv head): m* = max_c m_c, w_c = exp(m_c - m*),
+out = sum_c w_c A_c / sum_c w_c l_c. The softmax is fp32 throughout.
+
+The mask is made in the kernel from kv_lens: row i of sequence b sees positions < kv_lens[b] - s + i + 1
+(the new rows are the last s valid positions, causal among themselves). Masked scores get -1e30 times how
+far past the limit they are, so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge
+(every row sees at least its own position). The chunk count is fixed by the cache length: the kernel reads
+the whole static cache, valid or not (pypto 0.2 has no loop whose bound is a tensor's value).
+"""
+
+# No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
+import torch
+
+from .. import decode_lengths
+from ..tiling import tile_budget
+from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, tile_config
+from . import reference
+from .pypto_kernels import _device_type, _dtype, _jit, _kernel, _kernel_key, _launching, _new_output, _pypto
+
+MASKED = 1e30  # a masked score gets -MASKED per position past its row's limit: exp() of it is 0
+BLOCK = 16  # cube fractal: chunk widths and tiles are whole blocks
+
+
+def _align(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def chunk_width(config: TileConfig, cache_len: int) -> int:
+    """Cache positions per chunk: the table's, or the whole (block-aligned) cache when it is shorter."""
+    return min(config.kv_chunk, _align(cache_len, BLOCK))
+
+
+def _tiles(config: TileConfig, chunk: int, dim: int):
+    """(scores k, scores n, P @ V k, P @ V n) cube tiles, clipped to the chunk and head widths."""
+    qk_k = [min(config.cube_k[0], dim), min(config.cube_k[1], dim)]
+    qk_n = [min(config.cube_n[0], chunk), min(config.cube_n[1], chunk)]
+    pv_k = [min(config.down_cube_k[0], chunk), min(config.down_cube_k[1], chunk)]
+    pv_n = [min(config.down_cube_n[0], dim), min(config.down_cube_n[1], dim)]
+    return qk_k, qk_n, pv_k, pv_n
+
+
+def _build_attention_core(
+    batch, kv_heads, group, new_rows, cache_len, dim, dtype, scale, config, device_type
+):
+    """rows = group x s (a kv head's query rows); q and out [batch*kv_heads*rows, dim], caches
+    [batch*kv_heads*cache_len, dim], kv_lens [batch, 1] fp32, row_offsets [rows, 1] fp32 (1 - s + i for
+    the row's position i), positions [1, cache_len] fp32 (0, 1, ...); two fp32 scratch tensors hold the
+    chunks' partials: (m, l) [.., 2 * padded chunk count] and A [.., chunks * dim]."""
+    pypto = _pypto()
+    dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    rows = group * new_rows
+    chunk = chunk_width(config, cache_len)
+    chunks = -(-cache_len // chunk)
+    padded = _align(chunks, 8)  # a reduction's last axis: whole 32-byte blocks of fp32
+    m = [config.cube_m, config.cube_m]
+    qk_k, qk_n, pv_k, pv_n = _tiles(config, chunk, dim)
+    vec_rows = min(rows, config.norm_rows or rows)
+    heads = batch * kv_heads
+
+    def chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf):
+        for head in range(heads):
+            row, seq = head * rows, head // kv_heads
+            for c in range(chunks):
+                width, first = min(chunk, cache_len - c * chunk), head * cache_len + c * chunk
+                qt = pypto.view(q, [rows, dim], [row, 0])
+                kt = pypto.view(k, [width, dim], [first, 0])
+                vt = pypto.view(v, [width, dim], [first, 0])
+                pypto.set_cube_tile_shapes(m, qk_k, qk_n)
+                scores = pypto.matmul(qt, kt, fp32, b_trans=True)
+                pypto.set_vec_tile_shapes(vec_rows, chunk)
+                limit = pypto.view(kv_lens, [1, 1], [seq, 0])
+                if new_rows > 1:  # each row its own limit, [rows, 1]; one new row: the sequence's length
+                    limit = pypto.add(limit, row_offsets)
+                past = pypto.sub(pypto.view(positions, [1, width], [0, c * chunk]), limit)  # >= 0: masked
+                bias = pypto.mul(pypto.maximum(pypto.add(past, 1.0), 0.0), -MASKED)
+                scores = pypto.add(pypto.mul(scores, scale), bias)
+                top = pypto.amax(scores, -1, True)
+                p = pypto.exp(pypto.sub(scores, top))
+                pypto.assemble(top, [row, c], ml_buf)
+                pypto.assemble(pypto.sum(p, -1, True), [row, padded + c], ml_buf)
+                pypto.set_cube_tile_shapes(m, pv_k, pv_n)
+                pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, fp32), [row, c * dim], acc_buf)
+
+    def merged(out, ml_buf, acc_buf):
+        for head in range(heads):
+            row = head * rows
+            pypto.set_vec_tile_shapes(vec_rows, 2 * padded)
+            # one copy each (an op reads the whole tile; views of its result are local): (m, l), then A
+            ml = pypto.add(pypto.view(ml_buf, [rows, 2 * padded], [row, 0]), 0.0)
+            tops, sums = pypto.view(ml, [rows, chunks], [0, 0]), pypto.view(ml, [rows, chunks], [0, padded])
+            weights = _chunk_weights(tops)
+            total = pypto.sum(pypto.mul(weights, sums), -1, True)
+            pypto.set_vec_tile_shapes(vec_rows, chunks * dim)  # one tile: every chunk's A in one copy
+            acc = pypto.add(pypto.view(acc_buf, [rows, chunks * dim], [row, 0]), 0.0)
+            summed = None
+            for c in range(chunks):
+                term = pypto.mul(
+                    pypto.view(acc, [rows, dim], [0, c * dim]), pypto.view(weights, [rows, 1], [0, c])
+                )
+                summed = term if summed is None else pypto.add(summed, term)
+            pypto.assemble(pypto.cast(pypto.div(summed, total), dt), [row, 0], out)
+
+    @_jit(device_type, config)
+    def attention_core_kernel(
+        q: pypto.Tensor([heads * rows, dim], dt),
+        k: pypto.Tensor([heads * cache_len, dim], dt),
+        v: pypto.Tensor([heads * cache_len, dim], dt),
+        kv_lens: pypto.Tensor([batch, 1], fp32),
+        row_offsets: pypto.Tensor([rows, 1], fp32),
+        positions: pypto.Tensor([1, cache_len], fp32),
+        out: pypto.Tensor([heads * rows, dim], dt),
+        ml_buf: pypto.Tensor([heads * rows, 2 * padded], fp32),
+        acc_buf: pypto.Tensor([heads * rows, chunks * dim], fp32),
+    ):
+        pypto.set_vec_tile_shapes(vec_rows, chunk)
+        # two stages, each its own function: a scratch tensor written and read in one would be a cycle
+        for _ in pypto.loop(1):
+            chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf)
+        for _ in pypto.loop(1):
+            merged(out, ml_buf, acc_buf)
+
+    return attention_core_kernel
+
+
+def _chunk_weights(tops):
+    """Inside a kernel: each chunk's weight in the merge, exp(m_c - max_c m_c), from the chunks' row maxima."""
+    pypto = _pypto()
+    return pypto.exp(pypto.sub(tops, pypto.amax(tops, -1, True)))
+
+
+class _Constants:
+    """The kernel's mask inputs: positions per cache length, row offsets per shape, the last lengths."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple, torch.Tensor] = {}
+
+    def positions(self, cache_len: int, device) -> torch.Tensor:
+        key = ("positions", cache_len, str(device))
+        if key not in self._held:
+            self._held[key] = torch.arange(cache_len, dtype=torch.float32, device=device).reshape(1, -1)
+        return self._held[key]
+
+    def lengths(self, kv_lens: torch.Tensor) -> torch.Tensor:
+        """kv_lens as the kernel's [b, 1] fp32, converted once while the same lengths come back (every layer
+        of a forward passes one tensor: decode_lengths)."""
+        key = ("lengths", id(kv_lens), -1 if kv_lens.is_inference() else kv_lens._version, kv_lens.shape)
+        held = self._held.get("lengths")
+        if held is None or held[0] != key:
+            held = self._held["lengths"] = (key, kv_lens, kv_lens.to(torch.float32).reshape(-1, 1))
+        return held[2]
+
+    def row_offsets(self, group: int, seq: int, device) -> torch.Tensor:
+        key = ("rows", group, seq, str(device))
+        if key not in self._held:
+            offsets = 1 - seq + torch.arange(seq, dtype=torch.float32, device=device)
+            self._held[key] = offsets.repeat(group).reshape(-1, 1).contiguous()
+        return self._held[key]
+
+
+CONSTANTS = _Constants()
+
+
+def attention_core(query, key_cache, value_cache, kv_lens, scale):
+    """One kernel: the decode rows' attention over the static cache (see the module docstring)."""
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    batch, q_heads, seq, dim = query.shape
+    kv_heads, cache_len = key_cache.shape[1], key_cache.shape[2]
+    if seq > DECODE_MAX_ROWS:
+        raise ValueError(
+            f"pypto attention_core is a decode kernel: at most {DECODE_MAX_ROWS} rows, not {seq}"
+        )
+    dtype, group = query.dtype, q_heads // kv_heads
+    rows, device_type = group * seq, _device_type(query)
+    _, config = tile_config("attention_core", seq, dim)
+    chunk = chunk_width(config, cache_len)
+    tile_budget.check(
+        "attention_core", config, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
+    )
+    key = _kernel_key("attention_core", config, seq, batch, kv_heads, group, cache_len, dim, dtype)
+    key += (float(scale), device_type)
+    kernel = _kernel(
+        key,
+        device_type,
+        lambda: _build_attention_core(
+            batch, kv_heads, group, seq, cache_len, dim, dtype, float(scale), config, device_type
+        ),
+    )
+    # [b, h, s, d] -> [b, kv_heads, group * s, d]: a kv head's q heads and positions as one matrix's rows
+    q = query.contiguous().reshape(batch * kv_heads * rows, dim)
+    k = key_cache.to(dtype).contiguous().reshape(-1, dim)
+    v = value_cache.to(dtype).contiguous().reshape(-1, dim)
+    lens = CONSTANTS.lengths(kv_lens)
+    offsets = CONSTANTS.row_offsets(group, seq, query.device)
+    positions = CONSTANTS.positions(cache_len, query.device)
+    chunks = -(-cache_len // chunk)
+    out = _new_output(q)
+    ml_buf = q.new_empty(q.shape[0], 2 * _align(chunks, 8), dtype=torch.float32)
+    acc_buf = q.new_empty(q.shape[0], chunks * dim, dtype=torch.float32)
+    with _launching(q):
+        kernel(q, k, v, lens, offsets, positions, out, ml_buf, acc_buf)
+    # rows (kv head, q head in group, position) -> [b, s, q_heads * d]
+    out = out.reshape(batch, q_heads, seq, dim).transpose(1, 2)
+    return out.reshape(batch, seq, q_heads * dim)
+
+
+def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
+    """attention_core with the lengths read from the model's attention mask, once per forward."""
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale)

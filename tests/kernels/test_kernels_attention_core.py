@@ -1,0 +1,242 @@
+"""The attention core op (decode over a static KV cache) on the backends that run here, against a float64
+reference written in golden_cases (a loop over sequences, heads and rows, not the package's math); its
+contract, its custom op under torch.compile, and the stand-in torch_npu op the npu backend calls."""
+
+import sys
+
+import golden_cases as gc
+import pto_kernels
+import pytest
+import stand_in_torch_npu
+import torch
+from pto_kernels.backends import fused, npu, reference
+
+CASES = gc.load("attention_core")
+HALF_CASES = [c for c in CASES if c["dtype"] != "float32"]  # npu_fused_infer_attention_score: fp16 / bf16
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")
+    module = stand_in_torch_npu.make_module()
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    return module
+
+
+def _run(backend: str, inputs):
+    with pto_kernels.enabled(["attention_core"], backend=backend):
+        out = pto_kernels.attention_core_wrapper(*inputs)
+    stats = pto_kernels.stats()["attention_core"]
+    assert stats["backend"] == backend and stats["fallbacks"] == 0 and stats["calls"] == 1, stats
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+@pytest.mark.parametrize("case", CASES, ids=gc.ids(CASES))
+def test_attention_core_golden(case, backend, monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")
+    inputs = gc.attention_core_inputs(case)
+    out = _run(backend, inputs)
+    dtype = inputs[0].dtype
+    assert out.dtype == dtype
+    tol = gc.MODEL_ROUNDED_SCORES_TOL[dtype] if backend == "torch" else None
+    gc.check_close(out, gc.attention_core_expected(*inputs), dtype, f"{backend} {case['id']}", tol)
+
+
+@pytest.mark.parametrize("case", HALF_CASES, ids=gc.ids(HALF_CASES))
+def test_attention_core_golden_npu_stand_in(case, stand_in):
+    inputs = gc.attention_core_inputs(case)
+    out = _run("npu", inputs)
+    assert stand_in.calls["npu_fused_infer_attention_score"] == 1
+    gc.check_close(out, gc.attention_core_expected(*inputs), inputs[0].dtype, f"npu {case['id']}")
+
+
+def test_the_golden_cases_catch_a_core_that_misreads_the_lengths():
+    """One position short, or the whole static cache read: each must fail the check (the cache's unused
+    tail holds noise, so ignoring kv_lens cannot pass)."""
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch3-lengths-bf16")
+    query, keys, values, kv_lens, scale = gc.attention_core_inputs(case)
+    expected = gc.attention_core_expected(query, keys, values, kv_lens, scale)
+    for wrong in (kv_lens - 1, torch.full_like(kv_lens, keys.shape[2])):
+        with pytest.raises(AssertionError, match="relative error"):
+            gc.check_close(fused.attention_core(query, keys, values, wrong, scale), expected, query.dtype)
+
+
+def test_rows_are_causal_among_themselves():
+    """Row i of s new rows must not see the rows after it: a core that lets every row see all s fails."""
+    case = next(c for c in CASES if c["id"] == "gutenocr-4rows-causal-fp16")
+    query, keys, values, kv_lens, scale = gc.attention_core_inputs(case)
+    expected = gc.attention_core_expected(query, keys, values, kv_lens, scale)
+    all_rows = torch.cat(
+        [fused.attention_core(query[:, :, i : i + 1], keys, values, kv_lens, scale) for i in range(4)], dim=1
+    )
+    with pytest.raises(AssertionError, match="relative error"):
+        gc.check_close(all_rows, expected, query.dtype)
+
+
+def test_the_custom_op_is_one_node_under_compile(monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")
+    inputs = gc.attention_core_inputs(CASES[3])
+    graphs = []
+
+    def count(gm, _):
+        graphs.append(gm)
+        return gm
+
+    with pto_kernels.enabled(["attention_core"], backend="fused"):
+        compiled = torch.compile(
+            lambda q, k, v, n: pto_kernels.attention_core_wrapper(q, k, v, n, inputs[4]),
+            fullgraph=True,
+            backend=count,
+        )
+        out = compiled(*inputs[:4])
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert targets.count("pto_kernels.attention_core.default") == 1, targets
+    gc.check_close(out, gc.attention_core_expected(*inputs), inputs[0].dtype)
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+def test_the_op_passes_opcheck(backend):
+    """The fake (the reference on fake tensors) against the body: schema, shapes, dtypes, strides."""
+    from test_kernels_ops import fake_layout_mismatches
+
+    pto_kernels.enable(ops=["attention_core"], backend=backend)
+    args = gc.attention_core_inputs(CASES[4])
+    op = torch.ops.pto_kernels.attention_core.default
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    assert fake_layout_mismatches(op, args) == []
+    query, keys, values, kv_lens, scale = args
+    masked = torch.ops.pto_kernels.attention_core_masked.default
+    for mask in (
+        None,
+        _masks(int(kv_lens.min()), keys.shape[2], query.shape[2])[0].expand(keys.shape[0], -1, -1, -1),
+    ):
+        masked_args = (query, keys, values, mask, scale)
+        torch.library.opcheck(masked, masked_args, test_utils=("test_schema", "test_faketensor"))
+        assert fake_layout_mismatches(masked, masked_args) == []
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k, v, n: (q, k, v[:, :, :-1], n), "caches"),
+        (lambda q, k, v, n: (q[:, :3], k, v, n), "does not group"),
+        (lambda q, k, v, n: (q, k, v, n.float()), "integers"),
+        (lambda q, k, v, n: (q, k, v, n[:1]), "integers"),
+    ],
+    ids=["value-shape", "heads-not-grouped", "float-lengths", "lengths-count"],
+)
+def test_the_contract_is_checked_on_every_backend(change, message, stand_in):
+    query, keys, values, kv_lens, scale = gc.attention_core_inputs(CASES[3])
+    args = change(query, keys, values, kv_lens)
+    for module in (reference, fused, npu):
+        with pytest.raises(ValueError, match=message):
+            module.attention_core(*args, scale)
+
+
+def test_fused_refuses_lengths_that_do_not_hold_the_rows():
+    query, keys, values, _, scale = gc.attention_core_inputs(CASES[4])  # 4 rows a sequence
+    with pytest.raises(ValueError, match="do not hold 4 new rows"):
+        fused.attention_core(query, keys, values, torch.tensor([200, 3]), scale)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda op, q, k, v: op(q.repeat_interleave(2, -1)[..., ::2], k, v, num_heads=16, input_layout="BNSD", num_key_value_heads=2), "query must be contiguous"),
+        (lambda op, q, k, v: op(q.float(), k.float(), v.float(), num_heads=16, input_layout="BNSD", num_key_value_heads=2), "float16 or bfloat16"),
+        (lambda op, q, k, v: op(q, k, v, num_heads=8, input_layout="BNSD", num_key_value_heads=2), "do not match query N"),
+        (lambda op, q, k, v: op(q, k, v, num_heads=16, input_layout="BNSD", num_key_value_heads=2, actual_seq_lengths_kv=[300]), "at most the key's S"),
+        (lambda op, q, k, v: op(q, k, v, num_heads=16, input_layout="BSH", num_key_value_heads=2), "BNSD only"),
+    ],
+    ids=["strided-query", "fp32", "num-heads", "length-past-cache", "layout"],
+)  # fmt: skip
+def test_the_stand_in_refuses_what_the_real_op_refuses(call, message, stand_in):
+    query, keys, values, _, _ = gc.attention_core_inputs(CASES[1])
+    with pytest.raises(RuntimeError, match=message):
+        call(stand_in.npu_fused_infer_attention_score, query, keys, values)
+
+
+def test_the_stand_in_takes_lengths_as_a_host_list_only(stand_in):
+    query, keys, values, kv_lens, _ = gc.attention_core_inputs(CASES[1])
+    with pytest.raises(TypeError, match="list of ints"):
+        stand_in.npu_fused_infer_attention_score(
+            query,
+            keys,
+            values,
+            num_heads=16,
+            input_layout="BNSD",
+            num_key_value_heads=2,
+            actual_seq_lengths_kv=kv_lens,
+        )
+
+
+def test_npu_refuses_fp32_as_the_op_does(stand_in):
+    case = next(c for c in CASES if c["dtype"] == "float32")
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        npu.attention_core(*gc.attention_core_inputs(case))
+
+
+def _masks(kv_len: int, cache_len: int, rows: int):
+    """The forms transformers hands an attention: bool (True: visible) and additive float, [1, 1, rows, L]."""
+    visible = torch.arange(cache_len)[None, :] <= (kv_len - rows + torch.arange(rows))[:, None]
+    additive = torch.zeros(rows, cache_len).masked_fill(~visible, torch.finfo(torch.float32).min)
+    return visible[None, None], additive[None, None]
+
+
+def test_lengths_are_read_from_every_mask_form():
+    from pto_kernels import decode_lengths
+
+    keys = torch.zeros(1, 2, 64, 8)
+    for mask in _masks(37, 64, 3):
+        assert decode_lengths.count(mask, keys).tolist() == [37]
+    assert decode_lengths.count(None, keys).tolist() == [64]
+    assert decode_lengths.count(torch.ones(1, 50, dtype=torch.long), keys).tolist() == [
+        50
+    ]  # 2-D padding mask
+
+
+def test_lengths_are_counted_once_per_mask():
+    from pto_kernels.decode_lengths import _Lengths
+
+    lengths, keys = _Lengths(), torch.zeros(1, 2, 64, 8)
+    mask, _ = _masks(20, 64, 1)
+    assert lengths.get(mask, keys).tolist() == [20] and lengths.get(mask, keys).tolist() == [20]
+    assert lengths.builds == 1  # every layer of a forward passes the same mask
+    mask[..., 20] = True  # the next step's mask, changed in place: counted again
+    assert lengths.get(mask, keys).tolist() == [21] and lengths.builds == 2
+
+
+@pytest.mark.parametrize("form", ["bool", "additive"])
+def test_the_model_wrapper_matches_float64_with_the_lengths_of_the_mask(form, monkeypatch):
+    monkeypatch.setenv("PTO_KERNELS_STRICT", "1")
+    case = next(c for c in CASES if c["id"] == "gutenocr-context17-bf16")
+    query, keys, values, kv_lens, scale = gc.attention_core_inputs(case)
+    mask = _masks(int(kv_lens[0]), keys.shape[2], query.shape[2])[form == "additive"]
+    attention = torch.nn.Module()
+    attention.scaling = scale
+    with pto_kernels.enabled(["attention_core"], backend="fused"):
+        out = pto_kernels.attention_core_model_wrapper(attention, query, keys, values, mask)
+    gc.check_close(out, gc.attention_core_expected(query, keys, values, kv_lens, scale), query.dtype)
+
+
+def test_npu_inside_a_capture_masks_on_the_device_instead_of_reading_lengths_back(stand_in, monkeypatch):
+    """A host int list cannot be made inside a device-graph capture: the lengths go into the mask."""
+    from pto_kernels.backends import pypto_device
+
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch3-lengths-bf16")
+    inputs = gc.attention_core_inputs(case)
+    seen = []
+    real = stand_in.npu_fused_infer_attention_score
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["actual_seq_lengths_kv"], kwargs["atten_mask"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stand_in, "npu_fused_infer_attention_score", spy)
+    monkeypatch.setattr(pypto_device, "capturing", lambda device_type: True)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("a host copy inside a capture"))
+    out = npu.attention_core(*inputs)
+    lengths, mask = seen[0]
+    assert lengths is None and mask is not None and mask.dtype == torch.bool
+    gc.check_close(out, gc.attention_core_expected(*inputs), inputs[0].dtype, "npu, captured")
