@@ -2,7 +2,7 @@
 
 Builds `make-tiny --full-width --layers N` in a temporary folder (random weights, GutenOCR's real text
 widths: hidden 2048, intermediate 11008, 16 / 2 heads, head_dim 128), then runs it through vLLM
-(`pto_patch.run.vllm_engine`, one process per run) without the plugin's ops and with them
+(`pto_patch.serving.vllm_engine`, one process per run) without the plugin's ops and with them
 ($PTO_KERNELS_VLLM_OPS), alternating the modes for --rounds rounds so both see the same machine state.
 Each run times every batch size --iters times after --warmup; a mode's figure is the median over all its
 runs' timings. Prints tokens/s per mode and the ratio pto / baseline per batch size; asserts nothing.
@@ -32,7 +32,7 @@ def _run(mode: str, request: dict, ops: str, backend: str, work: Path, compiled:
         env.update(PTO_KERNELS_VLLM_OPS=ops, PTO_KERNELS_BACKEND=backend)
     request_file, out_file = work / f"{mode}.request.json", work / f"{mode}.json"
     request_file.write_text(json.dumps({**request, "compiled": compiled}))
-    command = [sys.executable, "-m", "pto_patch.run.vllm_engine", str(request_file), str(out_file)]
+    command = [sys.executable, "-m", "pto_patch.serving.vllm_engine", str(request_file), str(out_file)]
     log = work / f"{mode}.log"
     with open(log, "w") as handle:
         done = subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT)

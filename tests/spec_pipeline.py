@@ -16,7 +16,7 @@ import pytest
 
 from pto_patch.cli.app import main
 from pto_patch.model.spec import load_spec
-from pto_patch.run.ocr_inputs import sample_image
+from pto_patch.run.image_inputs import sample_image
 from tests.folder_snapshot import snapshot
 
 # One warm-up-free timed run of two new tokens: enough to compare logits, tokens and calls per op.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pto_patch.run import ascend_pairs
-from pto_patch.run.ascend_pairs import check_pair, torch_for, torch_npu_for
+from pto_patch.run.diagnosis import ascend_pairs
+from pto_patch.run.diagnosis.ascend_pairs import check_pair, torch_for, torch_npu_for
 
 
 def test_the_reference_stack_is_a_published_pair_and_names_what_it_found():
@@ -40,7 +40,7 @@ def test_the_table_pairs_each_release_with_its_own_torch_and_cites_cann_only_whe
 
 
 def test_doctor_reports_the_pair_in_its_stack(monkeypatch):
-    from pto_patch.run import doctor
+    from pto_patch.run.diagnosis import doctor
 
     versions = {"torch": "2.9.0", "torch-npu": "2.12.0.post3"}
     monkeypatch.setattr(doctor, "_version", lambda dist: versions.get(dist))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pto_patch.run.compiling import CompileSetup, CompileWatch, short_reason
+from pto_patch.run.graph.compiling import CompileSetup, CompileWatch, short_reason
 from tests.spec_pipeline import run_in_fresh_process as run_cli
 
 SETUP = CompileSetup("eager", None, True)
@@ -108,8 +108,8 @@ model = AutoModelForImageTextToText.from_pretrained(
     folder, trust_remote_code=True, dtype=torch.float32, attn_implementation="sdpa"
 ).eval()
 import pto_kernels
-from pto_patch.run import ocr_inputs
-from pto_patch.run.compiling import inductor_workarounds
+from pto_patch.run import image_inputs
+from pto_patch.run.graph.compiling import inductor_workarounds
 
 # what pto-patch sets before compiling with this torch's inductor (torch 2.9's CPU bounds checks)
 result_notes = [note for c in compilers for note in inductor_workarounds(c, "cpu")]
@@ -169,8 +169,8 @@ if sys.argv[5] != "image":
 
 # Image prefill: transformers' vision code breaks graphs of its own; PTO mode must add none, and the
 # language model it feeds compiles whole.
-tokenizer = ocr_inputs.load_tokenizer(folder)
-image = ocr_inputs.build_inputs(folder, "Read the text.", ocr_inputs.sample_image(), tokenizer=tokenizer)
+tokenizer = image_inputs.load_tokenizer(folder)
+image = image_inputs.build_inputs(folder, "Read the text.", image_inputs.sample_image(), tokenizer=tokenizer)
 captured = {}
 language_model = model.model.language_model
 
@@ -414,7 +414,7 @@ def test_inductor_bounds_checks_are_turned_off_only_where_torch_miscompiles_them
     transformers' mask code): pto-patch turns those checks off there, and nowhere else."""
     import torch._inductor.config as inductor
 
-    from pto_patch.run.compiling import inductor_workarounds
+    from pto_patch.run.graph.compiling import inductor_workarounds
 
     monkeypatch.setattr(inductor, "assert_indirect_indexing", True)
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")

@@ -106,3 +106,26 @@ def test_piped_tables_are_not_cut_at_80_columns(monkeypatch, capsys):
     assert "attention_prologue_mixed" in shown and "3.43e-03" in shown and "…" not in shown
     monkeypatch.setenv("COLUMNS", "60")
     assert _Console(stderr=False).rich_console.width == 60
+
+
+def test_a_narrow_terminal_folds_a_number_and_never_cuts_it(monkeypatch, capsys):
+    """In a terminal narrower than a table, every cell's text is kept whole (wrapped or folded onto the
+    next line), where rich's own default would end it in "…"."""
+    from rich.table import Table
+
+    from pto_patch.cli.console import _Console, folding_table
+
+    monkeypatch.setenv("COLUMNS", "40")
+    row = ("attention_prologue_mixed", "pypto", "3.43e-03", "0.00123456", "4567.8912")
+    for made, cut in ((folding_table(), False), (Table(), True)):
+        for name in ("op", "backend", "rel err", "max abs", "1st ms"):
+            made.add_column(name)
+        made.add_row(*row)
+        _Console(stderr=False).print(made)
+        shown = capsys.readouterr().out
+        assert ("…" in shown) is cut, shown
+        if not cut:  # every character of every cell is shown (the headers' aside)
+            from collections import Counter
+
+            wanted = Counter("".join(row))
+            assert not wanted - Counter(shown), wanted - Counter(shown)

@@ -442,6 +442,30 @@ def test_the_readme_is_a_front_page():
     assert len(DOC_PAGES) >= 4
 
 
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def opening_miscounts(opening: str, ops: tuple[str, ...], defaults: tuple[str, ...]) -> list[str]:
+    """What the README's opening paragraph says wrong of the ops apply patches: each op that is not on by
+    default (a block) named, the default ops counted, all of them counted."""
+    wrong = [f"{op} is not named" for op in ops if op not in defaults and f"`{op}`" not in opening]
+    for count, what in ((len(defaults), "on by default"), (len(ops), "in all")):
+        if not re.search(rf"\b{NUMBER_WORDS[count]}\b", opening):
+            wrong.append(f"it does not say {NUMBER_WORDS[count]} ({what})")
+    return wrong
+
+
+def test_the_readme_opening_counts_the_ops_apply_patches():
+    from pto_patch.model.spec import default_run_ops, load_spec
+
+    opening = README.read_text(encoding="utf-8").split("\n\n")[1]
+    ops = tuple(load_spec("gutenocr_3b").injections)
+    defaults = default_run_ops(ops)
+    assert opening_miscounts(opening, ops, defaults) == []
+    said_three = "dispatches three hot small ops (RMSNorm, MRoPE and the SwiGLU MLP) to PyPTO kernels"
+    assert opening_miscounts(said_three, ops, defaults)  # the opening it had, before the blocks
+
+
 def linked_pages(doc: Path) -> set[Path]:
     """The files `doc` links to (anchors dropped)."""
     found = set()

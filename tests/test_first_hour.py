@@ -342,10 +342,10 @@ def _metrics(latencies: list[float], batch: int = 1):
     )
 
 
-def _bench(base: list[float], pto: list[float], ops: dict | None = None):
+def _bench(base: list[float], pto: list[float], ops: dict | None = None, switched_on=("rms_norm",)):
     from pto_patch.run.report import BatchRun, BenchResult, LoadInfo, ModeRun
 
-    runs = [BatchRun(1, ModeRun(_metrics(base)), ModeRun(_metrics(pto), ops or {}), ("rms_norm",), None)]
+    runs = [BatchRun(1, ModeRun(_metrics(base)), ModeRun(_metrics(pto), ops or {}), switched_on, None)]
     return BenchResult(
         model_path="m",
         device="cpu",
@@ -391,6 +391,55 @@ def test_a_ratio_is_never_shown_as_the_gain_of_an_op_that_never_ran(capsys):
     render.show(_bench([1.0, 1.0, 1.0], [0.6, 0.6, 0.7], ops), as_json=False)
     line = next(line for line in capsys.readouterr().out.splitlines() if "per timed round" in line)
     assert "no gain of swiglu_mlp: switched on, never ran" in line and "rms_norm" not in line
+
+
+def test_no_ratio_is_shown_as_a_gain_when_nothing_was_switched_on(capsys):
+    """`bench --use_dynamic_config` that switches nothing on: both modes ran the same code, and the order
+    they ran in (the first paying for what the second reuses) showed as "2.00x"."""
+    from pto_patch.cli import render
+    from pto_patch.run.noise import NOTHING_ON
+
+    first_pays = ([2.0, 2.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0])
+    document = _bench(*first_pays, switched_on=()).to_json()
+    assert document["runs"][0]["speed"] == {
+        "median": None,
+        "low": None,
+        "high": None,
+        "rounds": 4,
+        "verdict": NOTHING_ON,
+    }
+    render.show(_bench(*first_pays, switched_on=()), as_json=False)
+    line = next(line for line in capsys.readouterr().out.splitlines() if "per timed round" in line)
+    assert "no ratio: nothing was switched on" in line and "2.00x" not in line
+    assert _bench(*first_pays).to_json()["runs"][0]["speed"]["median"] == 2.0  # with an op on: the ratio
+
+
+def test_bench_ocr_gives_each_page_its_noise_band_and_no_ratio_with_nothing_on(capsys):
+    from pto_patch.cli import ocr_render
+    from pto_patch.run.ocr.report import PageBenchResult, PageRun
+    from pto_patch.run.report import LoadInfo
+
+    def run(mode, latencies):
+        return PageRun("prose", 1, mode, 10, 20, 8, 0.1, 0.1, 0.2, 0.3, latencies[0], 0.01, latencies)
+
+    runs = [run("baseline", [1.0, 1.02, 0.99, 1.01, 1.0]), run("pto", [0.8, 0.81, 0.8, 0.79, 0.8])]
+    load = LoadInfo([], [], [], True)
+    result = PageBenchResult(
+        "m", "cpu", "fp32", {}, load, "TEXT", "read", 8, [], runs=runs, switched_on=["rms_norm"]
+    )
+    assert result.to_json()["pto_over_baseline"][0]["speed"]["verdict"] == "faster"
+    ocr_render.page_bench_text(result)
+    assert "prose, batch 1: PTO speed / baseline, per timed round: 1.25x [" in capsys.readouterr().out
+    result.switched_on = []
+    assert result.to_json()["pto_over_baseline"][0]["speed"]["median"] is None
+    ocr_render.page_bench_text(result)
+    assert "no ratio: nothing was switched on" in capsys.readouterr().out
+
+
+def test_every_mode_is_warmed_up_at_least_once_so_no_first_call_is_timed():
+    from pto_patch.run.generation import warmup_runs
+
+    assert [warmup_runs(n) for n in (0, 1, 5)] == [1, 1, 5]
 
 
 def test_tune_states_a_verdict_that_agrees_with_its_band():

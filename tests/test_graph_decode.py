@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.run import graph_decode
-from pto_patch.run.compiling import CompileSetup, CompileWatch, per_step_guard
-from pto_patch.run.graph_decode import CACHE_BUCKET, install, static_cache_length
+from pto_patch.run.graph import graph_decode
+from pto_patch.run.graph.compiling import CompileSetup, CompileWatch, per_step_guard
+from pto_patch.run.graph.graph_decode import CACHE_BUCKET, install, static_cache_length
 from tests.torchair_runs import run_with_torchair
 
 COUNTING_TORCHAIR = Path(__file__).resolve().parent / "counting_torchair"
@@ -140,7 +140,7 @@ def test_the_guard_named_is_the_one_that_fails_every_step():
 
 
 def test_a_fullgraph_decode_that_breaks_is_one_line_naming_the_break():
-    from pto_patch.run.compiling import _whole
+    from pto_patch.run.graph.compiling import _whole
 
     def step(x):
         print("", end="")  # a builtin the tracer cannot put in a graph
@@ -548,8 +548,8 @@ def test_a_pypto_kernel_built_inside_the_capture_fails_and_the_warm_up_prevents_
 
 
 def test_a_capture_that_built_or_fell_back_names_the_op_and_the_capture():
-    from pto_patch.run.compiling import capture_failures
-    from pto_patch.run.graph_decode import CaptureRecord
+    from pto_patch.run.graph.compiling import capture_failures
+    from pto_patch.run.graph.graph_decode import CaptureRecord
 
     record = CaptureRecord(
         key="batch 1, static cache 256", switches="rms_norm=pypto", primed=False, built_before=0,

@@ -4,8 +4,11 @@ From the top: `cli` > `tune` | `serving` > `run` > `hub` > `patching` > `model`.
 its own modules, the packages below it, and the top-level modules (`errors`, `resources`, the face);
 `tune` and `serving` stand side by side and import neither the other. The top-level modules import no
 package. Inside `patching`, what the two writers share (`plan`) and what undoes a manifest (`undo`,
-`overlay_record`) sit below the writers. `kernels/` (the pto_kernels the folder gets) imports nothing
-of pto_patch. Every import counts: at the top of a module or inside a function.
+`overlay_record`) sit below the writers. Inside `run`, by concern: `graph/` (compiling and capture) under
+the core (`run/*.py`), and `ocr/` and `diagnosis/` above it, side by side: neither imports the other, and
+the core imports neither. No folder of pto_patch holds more than 20 modules (the codemods aside).
+`kernels/` (the pto_kernels the folder gets) imports nothing of pto_patch. Every import counts: at the
+top of a module or inside a function.
 
 Inside `kernels/pto_kernels/`, from the top: the package's face (`__init__`) > what picks, counts and
 declares the backends (`_dispatch`, `ops`, `serving_ops`, `tuning`) > the backends (`backends/`: reference,
@@ -26,6 +29,9 @@ TOP_LEVEL = {"pto_patch", "pto_patch.__main__", "pto_patch.errors", "pto_patch.r
 # Inside patching: these know only what a manifest recorded, never a writer.
 PATCHING_FLOOR = ("plan", "undo", "overlay_record", "manifest", "folder_kernels", "tuning_file")
 PATCHING_WRITERS = ("engine", "overlay", "restore", "folder_status")
+# Inside run, rank of each concern from the ground up; equal ranks may not import each other.
+RUN_LAYERS = {"graph": 0, "core": 1, "ocr": 2, "diagnosis": 2}
+MAX_MODULES = 20  # a folder's modules, its __init__ aside
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -59,6 +65,12 @@ def layer_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
 
 
+def run_concern(module: str) -> str:
+    """`ocr`, `graph` or `diagnosis` for a module of that subpackage of run; `core` for run's own."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[2] in RUN_LAYERS else "core"
+
+
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """Every import that runs up, sideways between two packages of one rank, or out of the top level."""
     found = []
@@ -69,6 +81,10 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                 found.append(f"{module} -> {target}: the top level imports no package")
             elif here and there and here != there and LAYERS[there] >= LAYERS[here]:
                 found.append(f"{module} -> {target}: {here} may not import {there}")
+            elif here == there == "run":
+                low, high = run_concern(module), run_concern(target)
+                if low != high and RUN_LAYERS[high] >= RUN_LAYERS[low]:
+                    found.append(f"{module} -> {target}: run's {low} may not import run's {high}")
             elif here == there == "patching":
                 low, high = module.split(".")[2], target.split(".")[2]
                 if low in PATCHING_FLOOR and high in PATCHING_WRITERS:
@@ -328,3 +344,32 @@ def test_the_old_circle_between_the_pypto_modules_is_reported(tmp_path: Path):
     assert circles(kernel_import_graph(tmp_path)) == [
         ["pto_kernels.backends.pypto_blocks", "pto_kernels.backends.pypto_kernels"]
     ]
+
+
+def test_run_imports_by_concern_and_the_check_sees_a_sideways_import():
+    graph = import_graph(REPO)
+    assert "pto_patch.run.graph.compiling" in graph["pto_patch.run.bench"]  # the core over graph
+    assert "pto_patch.run.bench" in graph["pto_patch.run.ocr.bench"]  # ocr over the core
+    sideways = {"pto_patch.run.ocr.verify": {"pto_patch.run.diagnosis.doctor"}}
+    down = {"pto_patch.run.graph.graph_decode": {"pto_patch.run.options"}}
+    core_up = {"pto_patch.run.start": {"pto_patch.run.ocr.pages"}}
+    for wrong in (sideways, down, core_up):
+        assert len(upward_imports(wrong)) == 1, wrong
+
+
+def overfull_folders(root: Path) -> dict[str, int]:
+    counts = {}
+    for folder in [root, *(path for path in root.rglob("*") if path.is_dir())]:
+        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
+        if len(modules) > MAX_MODULES and folder.name != "codemods":
+            counts[folder.relative_to(root.parent).as_posix()] = len(modules)
+    return counts
+
+
+def test_no_folder_holds_more_than_twenty_modules(tmp_path: Path):
+    assert overfull_folders(REPO / "pto_patch") == {}
+    crowded = tmp_path / "pto_patch" / "run"
+    crowded.mkdir(parents=True)
+    for index in range(MAX_MODULES + 1):
+        (crowded / f"m{index}.py").write_text("")
+    assert overfull_folders(tmp_path / "pto_patch") == {"pto_patch/run": MAX_MODULES + 1}

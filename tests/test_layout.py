@@ -56,7 +56,9 @@ def test_one_renderer_knows_every_command_result():
     from pto_patch.hub import download, tiny_model
     from pto_patch.model import catalog as model_catalog
     from pto_patch.patching import engine
-    from pto_patch.run import doctor, ocr_report, report
+    from pto_patch.run import report
+    from pto_patch.run.diagnosis import doctor
+    from pto_patch.run.ocr import report as ocr_report
     from pto_patch.serving import vllm_verify
 
     results = (

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.run import ocr_options, ocr_outputs
-from pto_patch.run.ocr_pages import Line, bundled_pages, layout_text2d, load_pages, write_pages
-from pto_patch.run.ocr_report import PageRun, Reading
-from pto_patch.run.ocr_scoring import TASK_NAMES, iou, parse_lines, score_answer
-from pto_patch.run.ocr_verify import MEAN_CER_MARGIN, READING_CER_MARGIN, compare_readings
-from pto_patch.run.page_plot import LABEL_WIDTH, PARTS, ROW, TOP, draw_time_plot
+from pto_patch.run.ocr import options as ocr_options
+from pto_patch.run.ocr import outputs as ocr_outputs
+from pto_patch.run.ocr.pages import Line, bundled_pages, layout_text2d, load_pages, write_pages
+from pto_patch.run.ocr.plot import LABEL_WIDTH, PARTS, ROW, TOP, draw_time_plot
+from pto_patch.run.ocr.report import PageRun, Reading
+from pto_patch.run.ocr.scoring import TASK_NAMES, iou, parse_lines, score_answer
+from pto_patch.run.ocr.verify import MEAN_CER_MARGIN, READING_CER_MARGIN, compare_readings
 
 PAGES = bundled_pages()
 INK = 128  # a pixel darker than this in any channel is ink
@@ -121,6 +122,36 @@ def test_lines_answers_parse_in_the_shapes_models_write():
         assert score.parsed is False and score.box_f1 == 0 and score.cer == 1.0
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "[" * 3000,  # a model that repeats `[`: deeper than the JSON parser recurses
+        "[" * 3000 + "]" * 3000,
+        '{"text": "a", "bbox": ' + "[" * 3000 + "}",
+        '[{"text": "a", "bbox": [0, 0, ' + "9" * 5000 + ", 1]}]",  # more digits than Python converts
+        '[{"text": "a", "bbox": [0, 0, NaN, 1]}]',
+        '[{"text": "a", "bbox": [0, 0, Infinity, 1]}]',
+        '[{"text": "a", "bbox": [0, 0, 1e400, 1]}]',
+        '[{"text": "a", "bbox": [0, 0, 1e300, 1e300]}]',  # finite, and its area overflows
+        '[{"text": "a", "bbox": [0, 0, true, 1]}]',
+        '[{"text": "a", "bbox": "0 0 1 1"}]',
+    ],
+)
+def test_a_lines_answer_never_crashes_the_scoring(answer):
+    page = PAGES[0]
+    assert parse_lines(answer) is None
+    score = score_answer("LINES", answer, page)
+    assert score.parsed is False and score.box_f1 == 0 and score.cer == 1.0
+
+
+def test_a_bom_is_no_character_of_the_truth(tmp_path: Path):
+    write_pages(PAGES[:1], tmp_path)
+    truth = tmp_path / "prose.txt"
+    truth.write_bytes(b"\xef\xbb\xbf" + truth.read_bytes())
+    (page,) = load_pages(tmp_path)
+    assert page.text == PAGES[0].text and page.truth_digest == PAGES[0].truth_digest
+
+
 def test_boxes_match_at_the_stated_iou():
     page = PAGES[0]
     shifted = [
@@ -139,7 +170,7 @@ def test_boxes_match_at_the_stated_iou():
 
 
 def readings(mode: str, cers: list[float]) -> list[Reading]:
-    from pto_patch.run.ocr_scoring import Score
+    from pto_patch.run.ocr.scoring import Score
 
     return [
         Reading(f"p{i}", "TEXT", mode, f"answer {i}", 4, False, Score(cer, cer, 100, 100))
@@ -175,6 +206,25 @@ def test_pages_written_and_read_back_keep_their_truth(tmp_path: Path):
         assert page.digest == by_name[page.name].digest
 
 
+def _lines(folder: Path, box: str) -> None:
+    """A truth file whose second line has the box given as JSON text."""
+    (folder / "prose.lines.json").write_text(
+        '[{"text": "a", "bbox": [1, 1, 9, 9]}, {"text": "b", "bbox": ' + box + "}]"
+    )
+
+
+def _truncate(path: Path) -> None:
+    """A PNG whose header holds and whose last chunks are gone (a copy cut short)."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _image(path: Path, size: tuple[int, int]) -> None:
+    from PIL import Image
+
+    Image.new("RGB", size, "white").save(path)
+
+
 def _page_folder(tmp_path: Path) -> Path:
     write_pages(PAGES[:1], tmp_path)
     return tmp_path
@@ -188,9 +238,25 @@ def _page_folder(tmp_path: Path) -> Path:
         (lambda d: (d / "prose.lines.json").write_text("[{"), "is not JSON"),
         (
             lambda d: (d / "prose.lines.json").write_text('[{"text": "a", "bbox": [5, 5, 1, 1]}]'),
-            "box x1 < x2",
+            "line 0 of",
         ),
+        # Nothing a truth file holds ends as an unexpected error: each is refused, naming file and entry.
+        (lambda d: (d / "prose.lines.json").write_text("[" * 5000 + "]" * 5000), "nested too deep"),
+        (lambda d: (d / "prose.lines.json").write_text("[" + "9" * 5000 + "]"), "is not JSON"),
+        (lambda d: _lines(d, "[NaN, 1, 2, 3]"), "line 1 of"),
+        (lambda d: _lines(d, "[0, 0, Infinity, 3]"), "four finite numbers"),
+        (lambda d: _lines(d, "[0, 0, 1e400, 3]"), "four finite numbers"),
+        (lambda d: _lines(d, "[0, 0, " + "9" * 400 + ", 3]"), "four finite numbers"),
+        (lambda d: _lines(d, "[0, 0, 90000, 30]"), "outside the 1232x1596 page"),
+        (lambda d: _lines(d, '"0 0 1 1"'), "four finite numbers"),
+        (
+            lambda d: (d / "prose.lines.json").write_text('[{"text": 5, "bbox": [0, 0, 1, 1]}]'),
+            "no text string",
+        ),
+        (lambda d: (d / "prose.lines.json").write_text("[[1, 2]]"), "is a list, not an object"),
         (lambda d: (d / "prose.png").write_bytes(b"\x89PNG broken"), "not an image PIL can read"),
+        (lambda d: _truncate(d / "prose.png"), "not an image PIL can read"),
+        (lambda d: _image(d / "prose.png", (6000, 20)), "a size the model cannot take"),
         (lambda d: [f.unlink() for f in d.glob("prose.*")], "holds no .png"),
     ],
 )
@@ -282,9 +348,9 @@ def undocumented(keys, section: str) -> list[str]:
 
 
 def test_every_key_of_the_ocr_documents_is_documented():
-    from pto_patch.run.ocr_report import Comparison, OcrVerifyReport, PageBenchResult, mode_summary
-    from pto_patch.run.ocr_scoring import Score
-    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.ocr.report import Comparison, OcrVerifyReport, PageBenchResult, mode_summary
+    from pto_patch.run.ocr.scoring import Score
+    from pto_patch.run.ocr.verify import MARGINS
     from pto_patch.run.report import LoadInfo
 
     load = LoadInfo([], [], [], None)
@@ -315,9 +381,9 @@ def test_every_key_of_the_ocr_documents_is_documented():
 
 def test_the_text_output_shows_every_reading_and_part(capsys):
     from pto_patch.cli import ocr_render
-    from pto_patch.run.ocr_report import OcrVerifyReport, PageBenchResult
-    from pto_patch.run.ocr_scoring import Score
-    from pto_patch.run.ocr_verify import MARGINS
+    from pto_patch.run.ocr.report import OcrVerifyReport, PageBenchResult
+    from pto_patch.run.ocr.scoring import Score
+    from pto_patch.run.ocr.verify import MARGINS
     from pto_patch.run.report import LoadInfo
 
     load = LoadInfo([], [], [], None)
@@ -342,16 +408,48 @@ def test_the_text_output_shows_every_reading_and_part(capsys):
 
 def test_a_page_the_processor_resizes_is_named(tmp_path: Path):
     from pto_patch.hub.tiny_model import make_tiny
-    from pto_patch.run.ocr_inputs import load_image_processor
-    from pto_patch.run.ocr_verify import resized_pages
+    from pto_patch.run.image_inputs import load_image_processor
+    from pto_patch.run.ocr.verify import model_input_size, resized_pages
+
+    def seen(processor) -> dict:
+        """Each page's size as the model sees it, from the grid the processor makes of it."""
+        grids = {
+            page.name: processor(images=[page.image], return_tensors="pt")["image_grid_thw"][0]
+            for page in PAGES
+        }
+        return {name: model_input_size(grid, processor) for name, grid in grids.items()}
 
     make_tiny(tmp_path / "tiny")  # its processor caps a page at 256 image tokens
     described = [page.describe() for page in PAGES]
-    resized = resized_pages(PAGES, load_image_processor(tmp_path / "tiny"), described)
+    resized = resized_pages(PAGES, seen(load_image_processor(tmp_path / "tiny")), described)
     assert len(resized) == 3 and "1232x1596 ->" in resized[0]
     config = json.loads((tmp_path / "tiny" / "preprocessor_config.json").read_text())
     config["max_pixels"] = config["size"]["longest_edge"] = 12845056  # Qwen2.5-VL's own limit
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "preprocessor_config.json").write_text(json.dumps(config))
-    assert resized_pages(PAGES, load_image_processor(tmp_path / "full"), described) == []
+    assert resized_pages(PAGES, seen(load_image_processor(tmp_path / "full")), described) == []
     assert [entry["model_input_size"] for entry in described] == [[1232, 1596]] * 3
+
+
+def test_thousands_of_pages_are_checked_before_one_is_decoded(tmp_path: Path, monkeypatch):
+    """Every page's truth and header first, the pixels one page at a time when read: a broken last page
+    of 2,000 is refused with no page decoded, and a good folder holds no page's pixels until read."""
+    from PIL import Image, ImageFile
+
+    count = 2000
+    for index in range(count):
+        Image.new("RGB", (56, 84), (index % 256, 255, 255)).save(tmp_path / f"p{index:04d}.png")
+        (tmp_path / f"p{index:04d}.txt").write_text(f"page {index}\n")
+    decoded = []
+    load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda image: decoded.append(1) or load(image))
+    pages = load_pages(tmp_path)
+    assert len(pages) == count and decoded == []
+    assert all(page.size == (56, 84) and page.drawn is None for page in pages)
+    assert pages[-1].image.getpixel((0, 0)) == ((count - 1) % 256, 255, 255) and decoded
+    decoded.clear()
+    _truncate(tmp_path / f"p{count - 1:04d}.png")
+    with pytest.raises(PtoPatchError) as refused:
+        load_pages(tmp_path)
+    assert f"p{count - 1:04d}.png is not an image PIL can read" in refused.value.message
+    assert decoded == []  # refused from its header and chunks alone

@@ -16,7 +16,7 @@ import pytest
 
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_USAGE
-from pto_patch.run.ocr_pages import bundled_pages, write_pages
+from pto_patch.run.ocr.pages import bundled_pages, write_pages
 from tests.test_docs_drift import command_lines, rejected
 from tests.test_verify import WRONG_RMS_NORM, json_out, run_cli
 
@@ -110,6 +110,16 @@ def test_saved_answers_round_trip(saved_run, patched_tiny: Path, tmp_path: Path)
     assert [c["agreement_cer"] for c in again["comparisons"]] == [0.0] * 9
     assert again["against_outputs"]["device"] == "cpu" and not again["warnings"]
     assert again["compared"] is True and again["passed"] is True  # compared with the trusted run
+
+    # Answers read from other weights are refused before the model loads, unless two checkpoints are asked.
+    elsewhere = json.loads(answers.read_text())
+    elsewhere["weights_digest"] = "0" * 64
+    (tmp_path / "elsewhere.json").write_text(json.dumps(elsewhere))
+    other = [*base, "--against-outputs", str(tmp_path / "elsewhere.json")]
+    refused = run_cli(other, tmp_path)
+    assert refused.returncode == EXIT_USAGE and "read with other weights" in json_out(refused)["error"]
+    asked = json_out(run_cli([*other, "--other-weights"], tmp_path))
+    assert any("two checkpoints" in warning for warning in asked["warnings"])
 
     # Answers scored against another truth are refused before the model loads.
     pages = tmp_path / "pages"

@@ -33,9 +33,9 @@ HEAVY = (
     "pto_patch.patching.codemods",
     # what runs a model; not its report, which is data (every --json document is shaped there)
     *sorted(
-        f"pto_patch.run.{path.stem}"
-        for path in (REPO / "pto_patch" / "run").glob("*.py")
-        if path.stem not in ("__init__", "report")
+        "pto_patch." + ".".join(path.relative_to(REPO / "pto_patch").with_suffix("").parts)
+        for path in (REPO / "pto_patch" / "run").rglob("*.py")
+        if path.stem not in ("__init__", "report") or path.parent.name == "ocr"
     ),
     "pto_patch.tune",
     "pto_patch.serving",

@@ -44,7 +44,7 @@ from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import Manifest
 from pto_patch.run.hub_kernels import load_arguments
-from pto_patch.run.ocr_inputs import build_inputs, sample_image
+from pto_patch.run.image_inputs import build_inputs, sample_image
 from tests.folder_snapshot import snapshot
 
 model, folder = sys.argv[1], Path(sys.argv[2])
@@ -170,7 +170,7 @@ def family_run(request, tmp_path_factory) -> tuple[str, dict]:
             done = run(["-c", LOAD_AND_COMPARE, MODEL, str(folder)], variables, home)
             assert done.returncode == 0, f"under transformers {release}:\n{done.stderr[-4000:]}"
             facts = json.loads(done.stdout.strip().splitlines()[-1])
-            from pto_patch.run.ocr_inputs import sample_image
+            from pto_patch.run.image_inputs import sample_image
 
             sample_image(112, 84).save(home / "page.png")
             verify = run(

@@ -12,7 +12,7 @@ from pto_patch.cli.app import main
 from pto_patch.errors import ModelFolderError, SpecError
 from pto_patch.hub.tiny_model import QWEN_SPECIAL_TOKENS, make_tiny, model_config, weight_shapes
 from pto_patch.model.spec import load_spec
-from pto_patch.run.ocr_inputs import build_inputs, sample_image, wants_mm_token_type_ids
+from pto_patch.run.image_inputs import build_inputs, sample_image, wants_mm_token_type_ids
 from tests.folder_snapshot import snapshot
 
 torch = pytest.importorskip("torch")

@@ -95,3 +95,78 @@ def test_verify_refuses_before_the_folder_is_read(extra, said, tmp_path: Path, c
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and said in err and "does not exist" not in err, err
     assert answers.read_text() == "{}"
+
+
+# --- report folders (bench --output-dir, the default place under $PTO_PATCH_CACHE) -------------------
+
+
+def _loads_nothing(monkeypatch) -> None:
+    from pto_patch.run import loading
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the report place was checked")
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+
+
+def _unwritable(monkeypatch, folder: Path) -> None:
+    """The OS refuses new files in `folder` (a read-only mount: root's mode bits say nothing of it)."""
+    import tempfile
+
+    made = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        if Path(kwargs.get("dir") or "") == folder:
+            raise OSError(30, "Read-only file system")
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize("command", [["bench"], ["bench", "--ocr"]])
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("a file", "is a file, not a folder"),
+        ("under a file", "lies under the file"),
+        ("read-only", "cannot write in"),
+        ("another run's reports", "of another run"),
+        ("cache under a file", "the reports folder"),
+    ],
+)
+def test_bench_refuses_a_report_place_before_anything_loads(
+    command, case, said, patched_tiny: Path, tmp_path: Path, monkeypatch, capsys
+):
+    _loads_nothing(monkeypatch)
+    out = tmp_path / "out"
+    args = ["--output-dir", str(out)]
+    if case == "a file":
+        out.write_text("")
+    elif case == "under a file":
+        (tmp_path / "f").write_text("")
+        args = ["--output-dir", str(tmp_path / "f" / "out")]
+    elif case == "read-only":
+        out.mkdir()
+        _unwritable(monkeypatch, out)
+    elif case == "another run's reports":
+        out.mkdir()
+        taken = "bench_ocr_pages.json" if "--ocr" in command else "bench_pypto.json"
+        (out / taken).write_text("{}")
+    else:
+        (tmp_path / "f").write_text("")
+        monkeypatch.setenv("PTO_PATCH_CACHE", str(tmp_path / "f" / "cache"))
+        args = []
+    code = run_in_process(*command, "--model-path", str(patched_tiny), *args)
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and said in err and "Traceback" not in err, err
+    assert "--report-file" not in err  # bench has no such option
+
+
+def test_two_runs_into_one_folder_never_replace_each_other(tmp_path: Path):
+    from pto_patch.run.user_files import write_new_user_file
+
+    first = write_new_user_file(tmp_path / "bench_pypto.json", b"first", "--output-dir")
+    second = write_new_user_file(tmp_path / "bench_pypto.json", b"second", "--output-dir")
+    assert first.read_bytes() == b"first" and second == tmp_path / "bench_pypto-2.json"
+    assert second.read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench_pypto-2.json", "bench_pypto.json"]

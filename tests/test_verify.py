@@ -29,14 +29,14 @@ from pto_patch.patching import engine
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench, device, loading, verify
-from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
 from pto_patch.run.folder import check_folder
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
+from pto_patch.run.graph.compiling import apply_compile
+from pto_patch.run.image_inputs import sample_image
 from pto_patch.run.inputs import OCR_PROMPT
 from pto_patch.run.loading import fix_rope_config, load_failures
-from pto_patch.run.ocr_inputs import sample_image
-from pto_patch.run.ocr_options import OcrOptions
+from pto_patch.run.ocr.options import OcrOptions
 from pto_patch.run.ops import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
@@ -265,7 +265,7 @@ def test_the_cli_parameters_are_the_options_fields():
         assert issubclass(options_class, RunOptions)
         fields = {field.name for field in dataclasses.fields(options_class)}
         engine_choice = {"engine", "multiprocessing"} if command is cli.verify else set()  # see below
-        # --ocr and its options go to run.ocr_options.OcrOptions (split_ocr_options), the rest here
+        # --ocr and its options go to run.ocr.options.OcrOptions (split_ocr_options), the rest here
         ocr_choice = set(inspect.signature(command).parameters) & {
             f.name for f in dataclasses.fields(OcrOptions)
         }
@@ -638,10 +638,12 @@ def test_ops_the_folder_was_not_patched_with_are_refused_before_loading(tmp_path
         )
         assert f"apply --model-path {folder.resolve()} --ops rms_norm,swiglu_mlp" in error.hint
     # `all` is every op patched in: nothing to refuse
+    from pto_patch.model.spec import OpsAsked
     from pto_patch.run.ops import choose_ops
 
     state = check_folder(folder.resolve(), use_pto=True, allow_modified=False)
-    assert choose_ops("all", load_spec("gutenocr_3b"), state, 1, False)[0] == ("rms_norm",)
+    spec = load_spec("gutenocr_3b")
+    assert choose_ops(OpsAsked.read("all", spec), spec, state, 1, False)[0] == ("rms_norm",)
 
 
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):

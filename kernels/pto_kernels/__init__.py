@@ -309,7 +309,7 @@ def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
 
 def attention_core_model_wrapper(attention, query, key_cache, value_cache, attention_mask):
     """attention_core_wrapper as a patched attention calls it, in place of its attention function: each
-    sequence's length read from the mask the attention received (decode_lengths.py: once per forward, not
+    sequence's length read from the mask the attention received (backends/decode_lengths.py: once per forward, not
     per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d]."""
     scale = float(attention.scaling)
     if _tracing():

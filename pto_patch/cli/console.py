@@ -129,3 +129,20 @@ def report_error(exc: BaseException, *, as_json: bool = False, command: str | No
         if hint:
             report_hint(hint)
     return code
+
+
+def folding_table(*headers: str, **options: Any):
+    """A rich Table whose cells wrap, and whose words longer than their column fold onto the next line
+    instead of ending in "…": a narrow terminal never cuts a number. Text output only: --json never
+    imports rich."""
+    from rich.table import Table
+
+    class _FoldingTable(Table):
+        def add_column(self, *args: Any, **column: Any) -> None:
+            column.setdefault("overflow", "fold")
+            super().add_column(*args, **column)
+
+    made = _FoldingTable(**options)
+    for header in headers:
+        made.add_column(header)
+    return made

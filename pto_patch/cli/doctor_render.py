@@ -17,7 +17,8 @@ def _number(value: float | None, spec: str) -> str:
 
 def doctor_text(report) -> None:
     from rich import box
-    from rich.table import Table  # text output only
+
+    from pto_patch.cli.console import folding_table  # text output only
 
     stack = report.stack
     out.print("[bold]stack[/]", markup=True)
@@ -56,7 +57,7 @@ def doctor_text(report) -> None:
     if prepared and prepared["settings"]:
         settings = ", ".join(f"{k}={v}" for k, v in prepared["settings"].items())
         out.print(f"  set: {escape(settings)}", highlight=False)
-    table = Table(
+    table = folding_table(
         title=f"ops on {report.device}, {report.dtype}, {report.tokens} token(s), GutenOCR-3B widths, vs float64",
         title_justify="left",
         box=box.SIMPLE,
@@ -64,7 +65,7 @@ def doctor_text(report) -> None:
     )
     for column in ("op", "backend", "status", "rel err", "max abs", "run ms", "1st ms", "compile s"):
         left = column in ("op", "backend", "status")
-        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+        table.add_column(column, justify="left" if left else "right")
     for check in report.checks:
         status = check.status if check.status == "ok" else f"[red]{check.status}[/]"
         if check.status == "not run":

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
-from pto_patch.cli.console import err, out
+from pto_patch.cli.console import err, folding_table, out
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -30,7 +28,7 @@ def _verdict(result) -> None:
 
 
 def ocr_verify_text(report) -> None:
-    from pto_patch.run.ocr_report import mode_summary
+    from pto_patch.run.ocr.report import mode_summary
 
     out.print(f"verify --ocr {report.model_path}")
     out.print(
@@ -38,7 +36,7 @@ def ocr_verify_text(report) -> None:
         f"tasks {', '.join(report.tasks)}, up to {report.output_length} new tokens per answer"
     )
     modes = report.modes()
-    table = Table(
+    table = folding_table(
         title="CER against the truth (lower is better; LINES: parsed, box F1)", title_justify="left"
     )
     table.add_column("page")
@@ -57,7 +55,7 @@ def ocr_verify_text(report) -> None:
         table.add_row(page, task, *(row.get(mode, "-") for mode in modes))
     out.print(table)
     out.print("  * the answer stopped at --output_length")
-    summary = Table(title="per mode", title_justify="left")
+    summary = folding_table(title="per mode", title_justify="left")
     for column in ("mode", "mean CER", "mean WER", "LINES parsed", "mean box F1"):
         summary.add_column(column, justify="left" if column == "mode" else "right")
     for mode in modes:
@@ -86,9 +84,24 @@ def ocr_verify_text(report) -> None:
     _verdict(report)
 
 
+def _page_speed_lines(result) -> None:
+    """Per page and batch: PTO's speed over the baseline's per timed round, with its noise band."""
+    from pto_patch.run.noise import describe, speed_band
+
+    runs = {(r.page, r.batch, r.mode): r for r in result.runs}
+    for (page, batch, mode), base in runs.items():
+        pto = runs.get((page, batch, "pto"))
+        if mode == "baseline" and pto is not None:
+            estimate = speed_band(base.latencies_s, pto.latencies_s, bool(result.switched_on))
+            out.print(
+                f"  {page}, batch {batch}: PTO speed / baseline, per timed round: {describe(estimate)}",
+                markup=False,
+            )
+
+
 def page_bench_text(result) -> None:
     out.print(f"bench --ocr {result.model_path} on {result.device} ({result.dtype}), task {result.task}")
-    table = Table(title="a page's time (median of the timed runs)", title_justify="left")
+    table = folding_table(title="a page's time (median of the timed runs)", title_justify="left")
     columns = (
         "page",
         "b",
@@ -102,7 +115,7 @@ def page_bench_text(result) -> None:
         "pg/min",
     )
     for column in columns:
-        table.add_column(column, justify="left" if column in ("page", "mode") else "right", no_wrap=True)
+        table.add_column(column, justify="left" if column in ("page", "mode") else "right")
     for run in result.runs:
         table.add_row(
             run.page,
@@ -118,6 +131,7 @@ def page_bench_text(result) -> None:
         )
     out.print(table)
     out.print("  b: batch; img tok: image tokens; TTFT: time to the first token; pg/min: pages per minute")
+    _page_speed_lines(result)
     for run in result.runs:
         split = run.split()
         if split:

@@ -96,7 +96,10 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")]
 OutputLengthOpt = Annotated[
     int, typer.Option("--output_length", "--output-length", help="New tokens per timed run.")
 ]
-WarmupOpt = Annotated[int, typer.Option("--warmup", help="Warm-up runs (10 new tokens each) per mode.")]
+WarmupOpt = Annotated[
+    int,
+    typer.Option("--warmup", help="Untimed warm-up runs (10 new tokens each) per mode; at least one runs."),
+]
 ItersOpt = Annotated[int, typer.Option("--iters", help="Timed runs per mode (averaged).")]
 KernelBackendOpt = Annotated[
     str | None,

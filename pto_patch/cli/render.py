@@ -18,9 +18,9 @@ from pto_patch.cli.console import err, escape, out, print_json
 
 
 def _table(*headers: str, **options):
-    from rich.table import Table  # text output only: --json never imports rich
+    from pto_patch.cli.console import folding_table  # text output only: --json never imports rich
 
-    return Table(*headers, **options)
+    return folding_table(*headers, **options)
 
 
 def show(result: Any, *, as_json: bool) -> None:

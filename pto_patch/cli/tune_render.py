@@ -6,9 +6,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from rich.progress import BarColumn, Progress, TextColumn
-from rich.table import Table
 
-from pto_patch.cli.console import err, out, print_json
+from pto_patch.cli.console import err, folding_table, out, print_json
 
 
 @contextlib.contextmanager
@@ -56,7 +55,7 @@ def tune_result(result, *, as_json: bool) -> None:
             out.print(f"  left out {probe['op']} on {probe['backend']}: {probe['note']}")
     if not doc["batches"]:
         return
-    table = Table(title="chosen per batch (tokens/s median; ratio to baseline with its noise band)")
+    table = folding_table(title="chosen per batch (tokens/s median; ratio to baseline with its noise band)")
     for column in ("batch", "switched on", "baseline tok/s", "chosen tok/s", "ratio", "why"):
         table.add_column(column)
     for entry in doc["batches"]:
@@ -71,7 +70,7 @@ def tune_result(result, *, as_json: bool) -> None:
             entry["decided"],
         )
     out.print(table)
-    tried = Table(title="every candidate tried")
+    tried = folding_table(title="every candidate tried")
     for column in ("batch", "candidate", "runs", "ratio", "verdict"):
         tried.add_column(column)
     for entry in doc["batches"]:

@@ -330,3 +330,19 @@ def parse_ops(text: str | None, spec: ModelSpec) -> tuple[str, ...]:
             exit_code=EXIT_USAGE,
         )
     return tuple(op for op in OPS if op in wanted)
+
+
+@dataclass(frozen=True)
+class OpsAsked:
+    """`--ops` read once: the named ops (canonical order), `all` (every op patched in), or nothing
+    (None: the ops the folder's patch switches on by default)."""
+
+    named: tuple[str, ...] | None = None
+    every_patched: bool = False
+
+    @classmethod
+    def read(cls, text: str | None, spec: ModelSpec) -> OpsAsked:
+        """Parse `--ops` (a usage error names an unknown or refused op)."""
+        if text is None:
+            return cls()
+        return cls(parse_ops(text, spec), every_patched=text.strip() == "all")

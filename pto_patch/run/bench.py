@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions, parse_batches
-from pto_patch.run.report import BatchRun, BenchResult, ModeRun, write_report
+from pto_patch.run.report import BatchRun, BenchResult, ModeRun
 from pto_patch.run.report_folder import run_reports_place
-from pto_patch.run.start import run_folder, start_run
+from pto_patch.run.start import plan_run, start_run
 
 BASELINE_FILE = "bench_baseline.json"
 PTO_FILE = "bench_pypto.json"
@@ -84,10 +84,11 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
+    plan = plan_run(options, batch=max(batches), use_pto=True)
     place = run_reports_place(
-        "bench", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+        "bench", plan.folder, options.output_dir, "--output-dir", (BASELINE_FILE, PTO_FILE)
     )
-    started = start_run(options, batch=max(batches), use_pto=True)
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
@@ -101,7 +102,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     for batch in batches:
         inputs = repeat_for_batch(single, batch, device)
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             spec,
             loaded.state,
             batch,
@@ -170,7 +171,5 @@ def run_bench(options: BenchOptions) -> BenchResult:
     )
     directory = place.make()
     for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
-        path = directory / name
-        write_report(result.mode_document(mode), path, "--output-dir")
-        result.files.append(str(path))
+        result.files.append(str(place.write(directory, name, result.mode_document(mode))))
     return result

@@ -70,7 +70,7 @@ def run_demo(
 ) -> DemoResult:
     from pto_patch.hub import tiny_model
     from pto_patch.patching import engine
-    from pto_patch.run import ocr_inputs
+    from pto_patch.run import image_inputs
     from pto_patch.run.verification import VerifyOptions, verify_model
 
     started = time.perf_counter()
@@ -96,7 +96,7 @@ def run_demo(
         step("apply", lambda: engine.apply_patch(model_path=folder))
         step("status", lambda: engine.model_status(model_path=folder))
         image = work / IMAGE_NAME
-        ocr_inputs.sample_image(*IMAGE_SIZE).save(image)
+        image_inputs.sample_image(*IMAGE_SIZE).save(image)
         options = VerifyOptions(model_path=folder, use_pto=True, image=image, **VERIFY_SETTINGS)
         report = step("verify --use_pto", lambda: verify_model(options))
         step("restore", lambda: engine.restore_model(model_path=folder))

@@ -13,8 +13,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from pto_patch.run import graph_decode
 from pto_patch.run.device import DeviceChoice, dtype_key, peak_memory_mb, reset_peak_memory, synchronize
+from pto_patch.run.graph import graph_decode
 from pto_patch.run.loading import LoadedModel
 from pto_patch.run.report import Accuracy, ModeMetrics
 
@@ -133,6 +133,16 @@ def _metrics(loaded: LoadedModel, runs: list[Generation], batch: int, peak_mb: f
     )
 
 
+MIN_WARMUP = 1
+
+
+def warmup_runs(requested: int) -> int:
+    """The untimed runs per mode before timing: as asked, never none. A mode's first call pays for
+    what it builds once (kernels, compiles, captures, allocator growth, the vision encoder's first
+    shapes); timed, it shows one mode faster by what the other paid first."""
+    return max(requested, MIN_WARMUP)
+
+
 def measure_modes(
     loaded: LoadedModel,
     inputs,
@@ -145,7 +155,8 @@ def measure_modes(
 ) -> dict[str, ModeMetrics]:
     """Time each mode (`switches` maps a mode to the call that selects it) on the same inputs.
 
-    Warm-up runs (10 new tokens each) per mode, then `iters` rounds of one timed run per mode, the
+    Warm-up runs (10 new tokens each) per mode, at least one (`warmup_runs`: a first call's one-time
+    costs are never timed), then `iters` rounds of one timed run per mode, the
     order reversed every other round: on a shared machine both modes see the same load drift. In a
     graph run the warm-ups capture (at least one per mode, over the cache the timed runs use) and the
     timed runs replay; a graph compiled while timing is counted (`graph_decode.timed`).
@@ -154,7 +165,7 @@ def measure_modes(
     decode = graph_decode.installed(loaded.model)
     if decode is not None:
         decode.reserve(new_tokens)
-        warmup = max(warmup, 1)
+    warmup = warmup_runs(warmup)
     for name in names:
         switches[name]()
         for _ in range(warmup):

@@ -1,6 +1,6 @@
 """What a run feeds the model: the prompt (through the chat template), an optional image, a batch.
 
-The image path goes through `ocr_inputs`, which does what the stock processor does for one image
+The image path goes through `image_inputs`, which does what the stock processor does for one image
 without needing torchvision.
 """
 
@@ -41,20 +41,20 @@ def check_image(image: Path) -> None:
 def encode_prompt(loaded: LoadedModel, prompt: str | None, image: Path | None, simple_prompt: bool):
     """Tokenised inputs for one sequence of `loaded` (through the model's chat template and image
     processor), plus a description for the report."""
-    from pto_patch.run import ocr_inputs
+    from pto_patch.run import image_inputs
 
     tokenizer = loaded.tokenizer
     if image is not None:
         prompt = OCR_PROMPT if prompt is None else prompt
-        picture = ocr_inputs.as_rgb_image(Path(image))
-        inputs = ocr_inputs.build_inputs(
+        picture = image_inputs.as_rgb_image(Path(image))
+        inputs = image_inputs.build_inputs(
             loaded.folder,
             prompt,
             picture,
             tokenizer=tokenizer,
             generation_class=loaded.spec.family.generation_class,
         )
-        image_id = tokenizer.convert_tokens_to_ids(ocr_inputs.IMAGE_TOKEN)
+        image_id = tokenizer.convert_tokens_to_ids(image_inputs.IMAGE_TOKEN)
         description = {
             "kind": "image",
             "image": str(image),
@@ -67,7 +67,7 @@ def encode_prompt(loaded: LoadedModel, prompt: str | None, image: Path | None, s
             encoded = tokenizer(prompt, return_tensors="pt")
             inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
         else:
-            inputs = ocr_inputs.build_inputs(
+            inputs = image_inputs.build_inputs(
                 loaded.folder,
                 prompt,
                 None,

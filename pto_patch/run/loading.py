@@ -121,6 +121,7 @@ def load_model(
 ) -> LoadedModel:
     """Check the folder, import its kernel package, and load the model once (remote code, eager attention,
     hub kernels only with `hub_kernels`: see `pto_patch.run.hub_kernels`)."""
+    torch_dtype = resolve_dtype(dtype_name)
     state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
     kernels = None
     if use_pto:
@@ -133,7 +134,6 @@ def load_model(
 
     transformers_logging.disable_progress_bar()  # the rendered report is the output
 
-    torch_dtype = resolve_dtype(dtype_name)
     started = time.perf_counter()
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)

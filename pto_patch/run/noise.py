@@ -20,6 +20,7 @@ FASTER = "faster"
 SLOWER = "slower"
 WITHIN_NOISE = "within noise"
 TOO_FEW = "too few runs to tell"
+NOTHING_ON = "nothing switched on"
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,13 @@ class Band:
     low: float
     high: float
     rounds: int
+    nothing_on: bool = False  # both modes ran the same code: no ratio of theirs is a gain
 
     @property
     def verdict(self) -> str:
         """What the band alone says: faster or slower where it clears 1, else within noise."""
+        if self.nothing_on:
+            return NOTHING_ON
         if self.rounds < MIN_ROUNDS:
             return TOO_FEW
         if self.low > 1.0:
@@ -44,9 +48,9 @@ class Band:
         return WITHIN_NOISE
 
     def to_json(self) -> dict[str, float | int | str | None]:
-        finite = math.isfinite(self.low) and math.isfinite(self.high)
+        finite = math.isfinite(self.low) and math.isfinite(self.high) and not self.nothing_on
         return {
-            "median": None if math.isnan(self.ratio) else round(self.ratio, 4),
+            "median": None if math.isnan(self.ratio) or self.nothing_on else round(self.ratio, 4),
             "low": round(self.low, 4) if finite else None,
             "high": round(self.high, 4) if finite else None,
             "rounds": self.rounds,
@@ -71,14 +75,21 @@ def band(ratios: Sequence[float], z: float = 2.0) -> Band:
     return Band(median, median - half, median + half, len(ratios))
 
 
-def speed_band(baseline_latencies: Sequence[float], pto_latencies: Sequence[float]) -> Band:
-    """PTO's speed over the baseline's, round by round (same round, same load), with its band."""
+def speed_band(
+    baseline_latencies: Sequence[float], pto_latencies: Sequence[float], switched_on: bool = True
+) -> Band:
+    """PTO's speed over the baseline's, round by round (same round, same load), with its band; with
+    nothing switched on, no ratio at all (two runs of the same code differ by noise and order only)."""
     ratios = [base / pto for base, pto in zip(baseline_latencies, pto_latencies, strict=False) if pto > 0]
+    if not switched_on:
+        return Band(math.nan, -math.inf, math.inf, len(ratios), nothing_on=True)
     return band(ratios)
 
 
 def describe(estimate: Band) -> str:
     """`1.04x [0.98, 1.10] within noise`, or the ratio and why it says nothing yet."""
+    if estimate.nothing_on:
+        return "no ratio: nothing was switched on, so both modes ran the same code"
     if estimate.rounds == 0:
         return "-"
     if estimate.rounds < MIN_ROUNDS:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, default_run_ops, parse_ops
+from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, OpsAsked, default_run_ops, parse_ops
 from pto_patch.run.folder import FolderState
 from pto_patch.run.report import OpReport
 
@@ -88,7 +88,7 @@ def tuned_choice(
 
 
 def choose_ops(
-    options_ops: str | None,
+    asked: OpsAsked,
     spec: ModelSpec,
     state: FolderState,
     batch: int,
@@ -97,10 +97,10 @@ def choose_ops(
 ) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
     """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch,
     by `tuning` (the folder's, where it applies here) or else by the reference table."""
-    if options_ops is not None and options_ops.strip() == "all" and state.patched_ops:
+    if asked.every_patched and state.patched_ops:
         ops = tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
-    elif options_ops is not None:
-        ops = parse_ops(options_ops, spec)
+    elif asked.named is not None:
+        ops = asked.named
     else:
         ops = default_run_ops(state.patched_ops or parse_ops(None, spec))
     if not use_dynamic_config:

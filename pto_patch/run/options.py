@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.model.spec import ModelSpec, parse_ops
-from pto_patch.run import graph_decode
-from pto_patch.run.acl_graph import check_settings
 from pto_patch.run.device import dtype_key
-from pto_patch.run.graph_decode import CACHE_KINDS
+from pto_patch.run.graph import graph_decode
+from pto_patch.run.graph.acl_graph import check_settings
+from pto_patch.run.graph.graph_decode import CACHE_KINDS
 from pto_patch.run.hub_kernels import check_hub_kernels
 from pto_patch.run.ops import KERNEL_BACKENDS
 
@@ -37,7 +36,7 @@ class RunOptions:
     compile_backend: str = "inductor"
     compile_mode: str | None = None
     use_acl_graph: bool = False
-    cache: str = "auto"  # run.graph_decode.CACHE_KINDS: the KV cache a compiled run generates with
+    cache: str = "auto"  # run.graph.graph_decode.CACHE_KINDS: the KV cache a compiled run generates with
     use_dynamic_config: bool = False
     allow_modified: bool = False
     hub_kernels: bool = False  # load with use_kernels=True (run/hub_kernels.py)
@@ -85,8 +84,9 @@ def compares(use_pto: bool, baseline_only: bool) -> bool:
     return not baseline_only
 
 
-def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
-    """Reject bad option values (usage errors) before any folder, device or model is touched."""
+def check_option_values(options: RunOptions, batch: int) -> None:
+    """Reject bad option values (usage errors) before any folder, device or model is touched (`--ops`,
+    which needs the spec, is read with it: run.start.plan_run)."""
     check_counts(options.warmup, options.iters, batch, options.output_length)
     dtype_key(options.dtype)
     if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
@@ -95,8 +95,6 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
             f"choose from: {', '.join(KERNEL_BACKENDS)}",
             exit_code=EXIT_USAGE,
         )
-    if options.ops is not None:
-        parse_ops(options.ops, spec)
     if options.cache not in CACHE_KINDS:
         raise PtoPatchError(
             f"--cache '{options.cache}' is unknown",
@@ -105,7 +103,7 @@ def check_options(options: RunOptions, spec: ModelSpec, batch: int) -> None:
         )
     if options.use_compile or options.use_acl_graph:
         check_compile_backend(options.compile_backend)
-        from pto_patch.run.compiling import cache_kind
+        from pto_patch.run.graph.compiling import cache_kind
 
         if cache_kind(options) == graph_decode.STATIC:
             graph_decode.check_release()  # a transformers whose static cache differs stops here

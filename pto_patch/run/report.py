@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pto_patch.errors import EXIT_OK, EXIT_VERIFY_FAILED
 
 if TYPE_CHECKING:
-    from pto_patch.run.compiling import Compilation
+    from pto_patch.run.graph.compiling import Compilation
     from pto_patch.run.noise import Band
 
 SCHEMA_VERSION = 1
@@ -70,12 +70,15 @@ def json_document(result: Any) -> dict[str, Any]:
     return document(command, body(result))
 
 
+def report_bytes(document: dict[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+
+
 def write_report(document: dict[str, Any], path: Path, flag: str = "--report-file") -> None:
     """The JSON report, in one rename (run/user_files): never half a file, never through a device node."""
     from pto_patch.run.user_files import write_user_file
 
-    text = json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n"
-    write_user_file(Path(path), text.encode("utf-8"), flag)
+    write_user_file(Path(path), report_bytes(document), flag)
 
 
 def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
@@ -271,7 +274,7 @@ class VerifyReport(Verdict):
 
         if self.pto is None:
             return None
-        return speed_band(self.baseline.latencies_s, self.pto.latencies_s)
+        return speed_band(self.baseline.latencies_s, self.pto.latencies_s, bool(self.switched_on))
 
     def ratios(self) -> dict[str, float | None]:
         if self.pto is None:
@@ -360,7 +363,9 @@ class BatchRun:
         """PTO's speed over the baseline's per timed round, with its noise band."""
         from pto_patch.run.noise import speed_band  # the quick commands' JSON imports this module
 
-        return speed_band(self.baseline.metrics.latencies_s, self.pto.metrics.latencies_s)
+        return speed_band(
+            self.baseline.metrics.latencies_s, self.pto.metrics.latencies_s, bool(self.switched_on)
+        )
 
 
 @dataclass

@@ -6,6 +6,12 @@ else `~/.cache/pto-patch`, as huggingface_hub places its own), one new folder pe
 command, the model folder and the time. A folder passed on the command line is used as it is, the model
 folder too (it was asked for; `status` then lists the files as not the checkpoint's), but a place in
 the hub cache is refused: other snapshots and users share it.
+
+Everything that could stop the reports from being written is checked before anything is measured: a
+place that is a file, under a file, or not writable (an unwritable `$PTO_PATCH_CACHE` too), and a
+folder that already holds another run's reports of the same names. Two runs into one folder never
+replace each other: each report is created, never renamed over a file; a name another run took
+meanwhile gets a number (`bench_baseline-2.json`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.errors import EXIT_USAGE, PtoPatchError, UsageError
 from pto_patch.model.hub_cache import cache_holding
 from pto_patch.patching.rewrite_cache import cache_dir
 
@@ -36,12 +42,35 @@ def check_report_place(path: Path, option: str) -> None:
         )
 
 
+def check_writable_place(path: Path, what: str, hint: str) -> None:
+    """Refuse a folder that is a file, lies under a file, or lies where nothing can be written."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the first that exists: the missing folders are made in it
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise UsageError(f"{what} {path} {where}, not a folder", hint)
+    from pto_patch.run.user_files import can_write_in
+
+    if not can_write_in(existing):
+        raise UsageError(f"{what} {path}: cannot write in {existing}", hint)
+
+
 @dataclass(frozen=True)
 class ReportPlace:
     """Where a run's reports go: `path` itself, or (`fresh`) a new folder named after it."""
 
     path: Path
     fresh: bool
+    option: str = "--output-dir"
+
+    def write(self, directory: Path, name: str, document: dict) -> Path:
+        """One report, created in `directory` (never over another run's file); the path it took."""
+        from pto_patch.run.report import report_bytes
+        from pto_patch.run.user_files import write_new_user_file
+
+        return write_new_user_file(Path(directory) / name, report_bytes(document), self.option)
 
     def make(self) -> Path:
         """The folder, made now: a fresh one never reuses a folder that exists (two runs in one second)."""
@@ -56,19 +85,34 @@ class ReportPlace:
             except OSError as exc:
                 raise PtoPatchError(
                     f"cannot make the report folder {chosen}: {exc.strerror}",
-                    "pass --output-dir with a writable folder",
+                    f"pass {self.option} with a writable folder",
                 ) from exc
             return chosen
         raise PtoPatchError(f"{self.path}: too many report folders of this name", "pass --output-dir")
 
 
-def run_reports_place(command: str, model_folder: Path, requested: Path | None, option: str) -> ReportPlace:
-    """Where a run writes its reports: `requested`, else a new folder under `reports_root()`. Chosen
-    (and refused) before anything loads; made when the reports are written."""
+def run_reports_place(
+    command: str, model_folder: Path, requested: Path | None, option: str, files: tuple[str, ...] = ()
+) -> ReportPlace:
+    """Where a run writes its reports (`files`): `requested`, else a new folder under `reports_root()`.
+    Chosen and checked before anything loads (see the module docstring); made when they are written."""
     if requested is not None:
-        check_report_place(Path(requested), option)
-        return ReportPlace(Path(requested), fresh=False)
+        requested = Path(requested)
+        check_report_place(requested, option)
+        check_writable_place(requested, option, f"pass a writable folder for {option}")
+        taken = [name for name in files if (requested / name).exists() or (requested / name).is_symlink()]
+        if taken:
+            raise UsageError(
+                f"{option} {requested} already holds {taken[0]} of another run",
+                f"pass a new or empty folder for {option}, so that no run's reports replace another's",
+            )
+        return ReportPlace(requested, fresh=False, option=option)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = reports_root() / f"{command}-{Path(model_folder).name}-{stamp}"
     check_report_place(base, option)
-    return ReportPlace(base, fresh=True)
+    check_writable_place(
+        reports_root(),
+        "the reports folder",
+        f"set PTO_PATCH_CACHE to a writable folder, or pass {option}",
+    )
+    return ReportPlace(base, fresh=True, option=option)

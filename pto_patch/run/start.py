@@ -1,20 +1,88 @@
-"""Where verify, bench and tune start: options checked, the folder checked, the model loaded once."""
+"""Where verify, bench and tune start: options read once into a plan, the folder checked, the model loaded
+once.
+
+A run's options are read in one pass (`plan_run`), before anything loads: every value checked, `--image`,
+the device, `--ops` parsed, the model folder named and the ops it must hold. The rest of the run reads
+the frozen `RunPlan` and never parses an option again.
+
+An op `--ops` names that apply did not patch in has no guard to reach, so its run could only end in
+"switched on but never ran" after the whole load and both modes; the manifest already says what is
+patched, so one line naming it, and the commands that would add the rest, come first.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pto_patch.model.spec import load_spec
+from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model.spec import OPS, ModelSpec, OpsAsked, load_spec
 from pto_patch.patching import folder_lock
+from pto_patch.patching.patch_state import patch_state
 from pto_patch.run import loading
-from pto_patch.run.device import resolve_device
+from pto_patch.run.device import DeviceChoice, resolve_device
 from pto_patch.run.inputs import check_image
 from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.ops import choose_ops
-from pto_patch.run.options import RunOptions, check_options
+from pto_patch.run.options import RunOptions, check_option_values
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
-from pto_patch.run.preflight import check_ops_patched
+from pto_patch.run.report_folder import check_report_place
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's options, read and checked once: what it runs, on which folder and device, which ops."""
+
+    options: RunOptions  # as given: counts, prompt and flags are read from here as they are
+    spec: ModelSpec
+    folder: Path  # the model folder the options name (checked when it loads)
+    batch: int  # the largest batch the run makes
+    use_pto: bool  # whether a PTO mode runs
+    ops: OpsAsked  # --ops, parsed
+    device: DeviceChoice
+
+
+def plan_run(options: RunOptions, *, batch: int, use_pto: bool, report_file: Path | None = None) -> RunPlan:
+    """Usage errors first (every option value, --image), the device, the report's place; then the spec,
+    `--ops` read once, the folder's name and the ops it must hold. Nothing loads."""
+    from pto_patch.model.folder import resolve_model_folder
+
+    check_option_values(options, batch)
+    if options.image is not None:
+        check_image(Path(options.image))
+    device = resolve_device(options.device)
+    if report_file is not None:
+        check_report_place(Path(report_file).parent, "--report-file")
+    spec = load_spec(options.model)
+    asked = OpsAsked.read(options.ops, spec)
+    folder = resolve_model_folder(options.model_path, spec)
+    if use_pto:
+        check_ops_patched(asked, folder)
+    return RunPlan(options, spec, folder, batch, use_pto, asked, device)
+
+
+def check_ops_patched(asked: OpsAsked, folder: Path) -> None:
+    """Refuse `--ops` naming an op the folder was not patched with (`all` means every patched op).
+    A folder that is not patched, or half patched, is left to the folder check, which says so."""
+    if asked.named is None or asked.every_patched:
+        return
+    wanted = asked.named
+    state = patch_state(folder)
+    if not state.patched:
+        return
+    patched = tuple(state.manifest.ops)
+    missing = [op for op in wanted if op not in patched]
+    if not missing:
+        return
+    union = ",".join(op for op in OPS if op in patched or op in wanted)
+    present = [op for op in wanted if op in patched]
+    instead = f", or pass --ops {','.join(present)}" if present else ""
+    raise PtoPatchError(
+        f"{folder} is patched with {', '.join(patched)} only; --ops {', '.join(missing)} is not patched in",
+        f"run `pto-patch restore --model-path {folder}` then "
+        f"`pto-patch apply --model-path {folder} --ops {union}`{instead}",
+        exit_code=EXIT_USAGE,
+    )
 
 
 @dataclass
@@ -26,37 +94,17 @@ class StartedRun:
     warnings: list[str] = field(default_factory=list)
 
 
-def run_folder(options: RunOptions, *, batch: int) -> Path:
-    """The model folder a run's options name, before anything loads: usage errors first, as in start_run."""
-    from pto_patch.model.folder import resolve_model_folder
-
-    spec = load_spec(options.model)
-    check_options(options, spec, batch)
-    return resolve_model_folder(options.model_path, spec)
-
-
-def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
-    """Usage errors first, then the folder and --image, then one load (`loading.load_model`, looked up
-    at call time so a test can wrap it)."""
-    from pto_patch.model.folder import resolve_model_folder
-
-    spec = load_spec(options.model)
-    check_options(options, spec, batch)
-    folder = resolve_model_folder(options.model_path, spec)
-    if use_pto:
-        check_ops_patched(options.ops, spec, folder)
-    if options.image is not None:
-        check_image(Path(options.image))
-    device = resolve_device(options.device)
-    with folder_lock.shared(
-        folder
-    ):  # no apply or restore may change the files while they are checked and loaded
+def start_run(plan: RunPlan) -> StartedRun:
+    """One load of the planned folder (`loading.load_model`, looked up at call time so a test can wrap
+    it), under a shared lock: no apply or restore may change the files while they are checked and loaded."""
+    options = plan.options
+    with folder_lock.shared(plan.folder):
         loaded = loading.load_model(
-            spec,
-            folder,
-            device,
+            plan.spec,
+            plan.folder,
+            plan.device,
             options.dtype,
-            use_pto=use_pto,
+            use_pto=plan.use_pto,
             allow_modified=options.allow_modified,
             hub_kernels=options.hub_kernels,
         )
@@ -72,8 +120,10 @@ def start_run(options: RunOptions, *, batch: int, use_pto: bool) -> StartedRun:
             + ", ".join(loaded.state.source_changed)
         )
     failures = load_failures(loaded.load_info)
-    loaded.other_patchers = find_other_patchers(loaded.model, spec)
+    loaded.other_patchers = find_other_patchers(loaded.model, plan.spec)
     # Every op this run may switch on (--use_dynamic_config only ever switches a subset of these on).
-    may_switch_on = choose_ops(options.ops, spec, loaded.state, batch, False)[0] if use_pto else ()
+    may_switch_on = (
+        choose_ops(plan.ops, plan.spec, loaded.state, plan.batch, False)[0] if plan.use_pto else ()
+    )
     more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, may_switch_on)
     return StartedRun(loaded, failures + more_failures, warnings + more_warnings)

@@ -41,6 +41,20 @@ def _node_kind(path: Path) -> str | None:
     return "not a regular file"
 
 
+def can_write_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder` now: tried, not guessed from the mode bits (root passes
+    those, a read-only mount or a full quota does not)."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".pto-patch-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    Path(name).unlink(missing_ok=True)
+    return True
+
+
 def same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (through links and `..`)."""
     try:
@@ -74,7 +88,7 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent  # the first folder that exists: the missing ones are created in it
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    if not parent.is_dir() or not can_write_in(parent):
         raise UsageError(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
 
 
@@ -91,6 +105,38 @@ def write_user_file(path: Path, data: bytes, flag: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data, mode=0o644)
+    except OSError as exc:
+        raise PtoPatchError(
+            f"cannot write {flag} {path}: {exc.strerror or exc}", f"pick a writable path for {flag}"
+        ) from exc
+
+
+def write_new_user_file(path: Path, data: bytes, flag: str) -> Path:
+    """`data` as a new file at `path`, or at `NAME-2.json`, `NAME-3.json`... where another run took the
+    name meanwhile: written in full beside it first, then linked in place, which never replaces a file.
+    Returns where it went; an OSError is one line naming `flag`."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pto-tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temporary, 0o644)
+            for number in range(1, 1000):
+                chosen = path if number == 1 else path.with_name(f"{path.stem}-{number}{path.suffix}")
+                try:
+                    os.link(temporary, chosen)
+                except FileExistsError:
+                    continue
+                return chosen
+            raise PtoPatchError(f"{flag}: every name like {path.name} is taken", f"pass another {flag}")
+        finally:
+            Path(temporary).unlink(missing_ok=True)
     except OSError as exc:
         raise PtoPatchError(
             f"cannot write {flag} {path}: {exc.strerror or exc}", f"pick a writable path for {flag}"

@@ -15,16 +15,16 @@ from pathlib import Path
 
 from pto_patch.patching.folder_kernels import module_dir
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.device import peak_memory_source
 from pto_patch.run.generation import compare, generate, measure_modes, tolerances
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import RunOptions
 from pto_patch.run.options import compares as options_compares
 from pto_patch.run.report import VerifyReport
-from pto_patch.run.start import start_run
+from pto_patch.run.start import plan_run, start_run
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     """Baseline, then PTO on the same inputs (unless --baseline-only), then both timed; every check in
     the report."""
     use_pto = compares(options)
-    started = start_run(options, batch=options.batch, use_pto=use_pto)
+    plan = plan_run(options, batch=options.batch, use_pto=use_pto, report_file=options.report_file)
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     spec, folder, device = loaded.spec, loaded.folder, loaded.device
     atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
@@ -76,7 +77,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         if options.use_dynamic_config:
             lookup = lookup_for_run(loaded, warnings, compiled)
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             spec,
             loaded.state,
             options.batch,

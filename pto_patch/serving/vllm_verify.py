@@ -2,7 +2,7 @@
 
 vLLM loads the checkpoint and builds its own layers; the plugin (pto_patch.serving.vllm_plugin) swaps them for
 classes that call pto_kernels when $PTO_KERNELS_VLLM_OPS says so. Each mode runs in a process of its own
-(`pto_patch.run.vllm_engine`), because vLLM registers layer classes once per process and for good. The
+(`pto_patch.serving.vllm_engine`), because vLLM registers layer classes once per process and for good. The
 report gives token agreement, the calls of each op in vLLM's worker process(es), the backend and the
 timings; it fails (exit 3) when tokens differ, a switched-on op never ran, or kernels ran in the baseline.
 
@@ -218,7 +218,7 @@ def _run_engine(mode: str, request: dict[str, Any], env: dict[str, str], work: P
         work / f"{mode}.log",
     )
     request_file.write_text(json.dumps(request), encoding="utf-8")
-    command = [sys.executable, "-m", "pto_patch.run.vllm_engine", str(request_file), str(out_file)]
+    command = [sys.executable, "-m", "pto_patch.serving.vllm_engine", str(request_file), str(out_file)]
     with open(log_file, "w", encoding="utf-8") as log:
         try:
             done = subprocess.run(

@@ -18,18 +18,17 @@ from typing import Any
 
 from pto_patch import __version__
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.model.spec import load_spec
 from pto_patch.patching import folder_lock
 from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, tuning_path, write_tuning
-from pto_patch.run import graph_decode
-from pto_patch.run.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.generation import generate
+from pto_patch.run.graph import graph_decode
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
 from pto_patch.run.ops import choose_ops
-from pto_patch.run.options import RunOptions, check_options, parse_batches
+from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import TuneResult
-from pto_patch.run.start import start_run
+from pto_patch.run.start import RunPlan, plan_run, start_run
 from pto_patch.tune import selection as tune_selection
 from pto_patch.tune.selection import Candidate, Rules
 
@@ -206,19 +205,16 @@ def run_tune(
     The folder is locked for the whole run: tune writes into it. on_run(batch, what ran, seconds since
     the start) is called after every run, for a progress bar.
     """
-    from pto_patch.model.folder import resolve_model_folder
-
     began = clock()
     batches = check_tune_options(options)
-    spec = load_spec(options.model)
-    check_options(options, spec, max(batches))
-    folder = resolve_model_folder(options.model_path, spec)
-    with folder_lock.exclusive(folder):
-        return _tune(options, batches, began, on_run, clock)
+    plan = plan_run(options, batch=max(batches), use_pto=True)
+    with folder_lock.exclusive(plan.folder):
+        return _tune(plan, batches, began, on_run, clock)
 
 
-def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneResult:
-    started = start_run(options, batch=max(batches), use_pto=True)
+def _tune(plan: RunPlan, batches, began: float, on_run, clock) -> TuneResult:
+    options: TuneOptions = plan.options
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, list(started.failures), list(started.warnings)
     kernels, device, spec = loaded.kernels, loaded.device, loaded.spec
     reader = kernel_tuning(kernels)
@@ -246,7 +242,7 @@ def _tune(options: TuneOptions, batches, began: float, on_run, clock) -> TuneRes
         compiled.decode.reserve(options.output_length)  # warm-ups capture the cache the timed runs replay
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
-    ops = choose_ops(options.ops, spec, loaded.state, 1, False)[0]
+    ops = choose_ops(plan.ops, spec, loaded.state, 1, False)[0]
     backends = backends_to_try(options.kernel_backend, device.kind)
     end = began + options.budget_s - WRITE_RESERVE_S
     usable, result.probes, probe_s = probe(

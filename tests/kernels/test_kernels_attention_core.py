@@ -185,7 +185,7 @@ def _masks(kv_len: int, cache_len: int, rows: int):
 
 
 def test_lengths_are_read_from_every_mask_form():
-    from pto_kernels import decode_lengths
+    from pto_kernels.backends import decode_lengths
 
     keys = torch.zeros(1, 2, 64, 8)
     for mask in _masks(37, 64, 3):
@@ -197,7 +197,7 @@ def test_lengths_are_read_from_every_mask_form():
 
 
 def test_lengths_are_counted_once_per_mask():
-    from pto_kernels.decode_lengths import _Lengths
+    from pto_kernels.backends.decode_lengths import _Lengths
 
     lengths, keys = _Lengths(), torch.zeros(1, 2, 64, 8)
     mask, _ = _masks(20, 64, 1)

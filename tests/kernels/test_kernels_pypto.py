@@ -35,7 +35,7 @@ def _run(mode: str, tmp: Path) -> dict:
     )
     if proc.returncode != 0:
         pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return torch.load(tmp / "out.pt")
+    return {**torch.load(tmp / "out.pt"), "stderr": proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,12 @@ def test_pypto_kernels_ran_without_fallback(pypto_results):
     ):  # what this runner calls (the blocks: test_kernels_pypto_blocks)
         st = pypto_results["stats"][op]
         assert st["calls"] and st["backends"] == {"pypto": st["calls"]} and st["fallbacks"] == 0, (op, st)
+
+
+def test_pypto_interpreter_prints_no_drawing_tracebacks(pypto_results):
+    """pypto's swim-lane drawing script fails on every call without matplotlib; none of it reaches stderr
+    (backends/interpreter_output.py), while anything else pypto prints there would."""
+    assert "pypto/lib/scripts/" not in pypto_results["stderr"], pypto_results["stderr"][-2000:]
 
 
 def test_pypto_repeat_call_reuses_kernel_and_weights(pypto_results):

@@ -20,7 +20,7 @@ import pytest
 
 from pto_patch.hub.tiny_model import TextWidths, make_tiny
 from pto_patch.resources import kernel_package_dir
-from pto_patch.run.ocr_inputs import sample_image
+from pto_patch.run.image_inputs import sample_image
 
 pytestmark = [
     pytest.mark.vllm,
@@ -134,7 +134,13 @@ def test_multi_process_with_a_sabotaged_kernel_fails_with_exit_3(tiny: Path, tmp
 def test_an_unknown_op_in_the_switch_stops_vllm_at_start_up(tiny: Path, tmp_path: Path):
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"model_path": str(tiny), "prompt": "Hello", "dtype": "float32"}))
-    command = [sys.executable, "-m", "pto_patch.run.vllm_engine", str(request), str(tmp_path / "out.json")]
+    command = [
+        sys.executable,
+        "-m",
+        "pto_patch.serving.vllm_engine",
+        str(request),
+        str(tmp_path / "out.json"),
+    ]
     env = _env(tmp_path, PTO_KERNELS_VLLM_OPS="rms_norm,rmsnorm", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0 and not (tmp_path / "out.json").exists()

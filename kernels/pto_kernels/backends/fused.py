@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import decode_lengths
-from . import reference
+from . import decode_lengths, reference
 
 # Above ~64 rows of 2048 the fused form measured no faster (0.78-1.00x, bf16, 2-core CPU), so larger
 # inputs (prefill, the vision tower) take the eager body: `auto` must never pick a slower path.

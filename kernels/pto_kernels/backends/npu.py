@@ -26,8 +26,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .. import decode_lengths
-from . import fused, pypto_device, reference
+from . import decode_lengths, fused, pypto_device, reference
 
 
 def _torch_npu():

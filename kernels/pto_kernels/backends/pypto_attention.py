@@ -23,10 +23,9 @@ the whole static cache, valid or not (pypto 0.2 has no loop whose bound is a ten
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
 import torch
 
-from .. import decode_lengths
 from ..tiling import tile_budget
 from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, tile_config
-from . import reference
+from . import decode_lengths, reference
 from .pypto_kernels import _device_type, _dtype, _jit, _kernel, _kernel_key, _launching, _new_output, _pypto
 
 MASKED = 1e30  # a masked score gets -MASKED per position past its row's limit: exp() of it is 0

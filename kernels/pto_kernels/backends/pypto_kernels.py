@@ -32,6 +32,7 @@ import torch
 from ..tiling import tile_budget
 from ..tiling.tile_table import TileConfig, tile_config
 from . import fused, pypto_device
+from .interpreter_output import quiet_interpreter
 
 CACHE_ENV = pypto_device.CACHE_ENV
 _TORCH_TO_PYPTO = {torch.float32: "DT_FP32", torch.float16: "DT_FP16", torch.bfloat16: "DT_BF16"}
@@ -302,24 +303,7 @@ def _kernel_key(op: str, config: TileConfig, rows: int, *rest) -> tuple:
     return (op, rows if config.static else "dynamic", config, *rest)
 
 
-@contextlib.contextmanager
-def _quiet_stdout(device_type: str):
-    # The SIM/interpreter path prints a cost-model report per call on stdout.
-    if device_type != "cpu" or os.environ.get("PTO_KERNELS_VERBOSE"):
-        yield
-        return
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
+_quiet_stdout = quiet_interpreter  # stdout and pypto's drawing tracebacks (interpreter_output)
 
 
 # --- RMSNorm -----------------------------------------------------------------------------------------
@@ -445,8 +429,13 @@ def _table_halves(cos, sin, start, tile, valid, half):
 
 
 def _check_half_blocks(dim: int, dtype: torch.dtype, what: str) -> None:
+    """A head's half must fill whole 32-byte blocks: head_dim a multiple of 32 in bf16, 16 in fp32."""
+    step = 64 // dtype.itemsize
     if (dim // 2) * dtype.itemsize % 32:
-        raise ValueError(f"{what} needs head_dim/2 rows of whole 32-byte blocks, not {dim} x {dtype}")
+        raise ValueError(
+            f"{what} needs half a head in whole 32-byte blocks: head_dim {dim} in {dtype} is "
+            f"{dim // 2 * dtype.itemsize} bytes a half; head_dim {step}, {2 * step}, {3 * step} ... fit"
+        )
 
 
 def _rotary(q, k, cos, sin):

@@ -88,13 +88,13 @@ def bench(
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
     from pto_patch.run.bench import BenchOptions, run_bench
-    from pto_patch.run.ocr_options import BENCH_OUTPUT_LENGTH, split_ocr_options
+    from pto_patch.run.ocr.options import BENCH_OUTPUT_LENGTH, split_ocr_options
 
     ocr_options = split_ocr_options(
         parameters, plain_output_length=BenchOptions.output_length, ocr_output_length=BENCH_OUTPUT_LENGTH
     )
     if ocr_options.ocr:
-        from pto_patch.run.page_bench import run_page_bench
+        from pto_patch.run.ocr.bench import run_page_bench
 
         result = run_page_bench(as_options(BenchOptions, parameters), ocr_options)
     else:

@@ -26,7 +26,7 @@ def doctor(
 ) -> None:
     """Show what the kernels run with here and check every op on each backend against the reference."""
     from pto_patch.cli import render
-    from pto_patch.run.doctor import run_doctor
+    from pto_patch.run.diagnosis.doctor import run_doctor
 
     report = run_doctor(device, dtype, with_pypto=pypto, tokens=tokens)
     render.show(report, as_json=as_json)

@@ -118,12 +118,19 @@ def verify(
             help="--ocr: compare with a trusted run's saved answers.",
         ),
     ] = None,
+    other_weights: Annotated[
+        bool,
+        typer.Option(
+            "--other-weights",
+            help="--against-outputs: accept answers read from other weights (two checkpoints compared).",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
-    from pto_patch.run.ocr_options import VERIFY_OUTPUT_LENGTH, split_ocr_options
+    from pto_patch.run.ocr.options import VERIFY_OUTPUT_LENGTH, split_ocr_options
     from pto_patch.run.verify import VerifyOptions, run_verify
     from pto_patch.serving.vllm_verify import check_engine, run_vllm_verify
 
@@ -132,7 +139,7 @@ def verify(
     )
     check_engine(parameters.pop("engine"), multiprocessing)
     if ocr_options.ocr:
-        from pto_patch.run.ocr_verify import run_ocr_verify
+        from pto_patch.run.ocr.verify import run_ocr_verify
 
         parameters.pop("multiprocessing")
         report = run_ocr_verify(as_options(VerifyOptions, parameters), ocr_options)

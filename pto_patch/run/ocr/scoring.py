@@ -15,13 +15,12 @@ An answer that does not parse scores as no lines at all: CER 1, F1 0.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pto_patch.run.inputs import OCR_PROMPT
-from pto_patch.run.ocr_pages import Line, Page
+from pto_patch.run.ocr.pages import Line, Page, finite_box, load_json_text
 
 IOU_THRESHOLD = 0.5  # the usual detection threshold, and GutenOCR's first one
 
@@ -92,23 +91,34 @@ def _reading_order(lines: list[Line]) -> str:
     return " ".join(line.text for line in sorted(lines, key=lambda ln: (ln.bbox[1], ln.bbox[0])))
 
 
+MAX_COORDINATE = 1e6  # pixels: past this no box lies on any page, and products of two overflow nothing
+
+
+def _answer_items(text: str) -> Any:
+    """The JSON in a LINES answer: one document, or one per row; None where it is none of these
+    (including nesting too deep for the parser and integers too long to convert)."""
+    try:
+        return load_json_text(text)
+    except ValueError:
+        pass
+    try:
+        return [load_json_text(row) for row in text.splitlines() if row.strip()]
+    except ValueError:
+        return None
+
+
 def parse_lines(answer: str) -> list[Line] | None:
     """The lines of a LINES answer, or None where it is not JSON lines with boxes.
 
     Takes a JSON list, one JSON object per row, or either inside a ``` fence; each line needs a
-    `text` string and a `bbox` (or `box`) of four numbers.
+    `text` string and a `bbox` (or `box`) of four finite numbers within MAX_COORDINATE. Any other
+    input, however deep, long or strange, gives None: it never raises.
     """
     text = answer.strip()
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1).strip()
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            items = [json.loads(row) for row in text.splitlines() if row.strip()]
-        except json.JSONDecodeError:
-            return None
+    items = _answer_items(text)
     if isinstance(items, dict):
         items = [items]
     if not isinstance(items, list) or not items:
@@ -117,14 +127,10 @@ def parse_lines(answer: str) -> list[Line] | None:
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("text"), str):
             return None
-        box = item.get("bbox", item.get("box"))
-        if not (
-            isinstance(box, list)
-            and len(box) == 4
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
-        ):
+        box = finite_box(item.get("bbox", item.get("box")))
+        if box is None or any(abs(v) > MAX_COORDINATE for v in box):
             return None
-        x1, y1, x2, y2 = (float(v) for v in box)
+        x1, y1, x2, y2 = box
         lines.append(Line(item["text"], (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))))
     return lines
 

@@ -29,7 +29,7 @@ from typing import Any
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED, PtoPatchError
 from pto_patch.resources import kernels_dir
 from pto_patch.run import device as devices
-from pto_patch.run.ascend_pairs import check_pair
+from pto_patch.run.diagnosis.ascend_pairs import check_pair
 
 KERNEL_PACKAGE = "pto_kernels"
 # GutenOCR-3B's text decoder (rootsautomation/GutenOCR-3B config.json)

@@ -26,6 +26,7 @@ class OcrOptions:
     save_outputs: Path | None = None
     against_outputs: Path | None = None
     plot: Path | None = None
+    other_weights: bool = False  # --against-outputs from other weights: a comparison of two checkpoints
 
 
 def _usage(message: str, hint: str) -> PtoPatchError:
@@ -63,11 +64,15 @@ def split_ocr_options(
     Rejects an --ocr option without --ocr, and under --ocr the options that choose another input.
     """
     names = [
-        name for name in ("ocr", "pages", "save_outputs", "against_outputs", "plot") if name in parameters
+        name
+        for name in ("ocr", "pages", "save_outputs", "against_outputs", "plot", "other_weights")
+        if name in parameters
     ]
     options = OcrOptions(**{name: parameters.pop(name) for name in names})
     flags = {"pages": "--pages", "save_outputs": "--save-outputs", "against_outputs": "--against-outputs"}
     flags["plot"] = "--plot"
+    if options.other_weights and options.against_outputs is None:
+        raise _usage("--other-weights only applies with --against-outputs", "drop --other-weights")
     if not options.ocr:
         given = [flag for name, flag in flags.items() if getattr(options, name) is not None]
         if given:

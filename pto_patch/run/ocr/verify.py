@@ -24,15 +24,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import ocr_inputs
-from pto_patch.run.compiling import apply_compile
+from pto_patch.run import image_inputs
 from pto_patch.run.generation import generate
+from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.inputs import repeat_for_batch
 from pto_patch.run.loading import LoadedModel, versions
-from pto_patch.run.ocr_options import OcrOptions
-from pto_patch.run.ocr_outputs import SavedRun, load_answers, save_answers, weight_files
-from pto_patch.run.ocr_pages import Page, load_pages
-from pto_patch.run.ocr_report import (
+from pto_patch.run.ocr.options import OcrOptions
+from pto_patch.run.ocr.outputs import (
+    SavedRun,
+    check_weights,
+    load_answers,
+    save_answers,
+    weight_files,
+    weights_digest,
+)
+from pto_patch.run.ocr.pages import Page, load_pages
+from pto_patch.run.ocr.report import (
     RANDOM_WEIGHTS_NOTE,
     TRUTH_NOTE,
     Comparison,
@@ -40,7 +47,7 @@ from pto_patch.run.ocr_report import (
     Reading,
     mode_summary,
 )
-from pto_patch.run.ocr_scoring import (
+from pto_patch.run.ocr.scoring import (
     IOU_THRESHOLD,
     TASKS,
     error_rates,
@@ -50,7 +57,7 @@ from pto_patch.run.ocr_scoring import (
 )
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.report import write_report
-from pto_patch.run.start import start_run
+from pto_patch.run.start import plan_run, start_run
 from pto_patch.run.verification import VerifyOptions, compares
 
 READING_CER_MARGIN = 0.05
@@ -138,19 +145,31 @@ def worse_than_reference(
 
 
 def read_pages(
-    loaded: LoadedModel, pages: list[Page], mode: str, output_length: int, image_processor
+    loaded: LoadedModel,
+    pages: list[Page],
+    mode: str,
+    output_length: int,
+    image_processor,
+    input_sizes: dict[str, tuple[int, int]] | None = None,
 ) -> list[Reading]:
-    """Every page with every task, in the mode the kernels are switched to now."""
+    """Every page with every task, in the mode the kernels are switched to now.
+
+    A page is decoded once, read with each task, and let go before the next: memory does not grow
+    with the number of pages. `input_sizes` gets the (width, height) the model saw each page at.
+    """
     readings = []
     for page in pages:
+        image = page.image
         for task in TASKS:
-            inputs = ocr_inputs.build_inputs(
+            inputs = image_inputs.build_inputs(
                 loaded.folder,
                 task.prompt,
-                page.image,
+                image,
                 tokenizer=loaded.tokenizer,
                 image_processor=image_processor,
             )
+            if input_sizes is not None and "image_grid_thw" in inputs:
+                input_sizes[page.name] = model_input_size(inputs["image_grid_thw"][0], image_processor)
             run = generate(
                 loaded,
                 repeat_for_batch(inputs, 1, loaded.device),
@@ -172,6 +191,7 @@ def read_pages(
                     seconds=run.seconds,
                 )
             )
+        del image
     return readings
 
 
@@ -203,33 +223,32 @@ def trusted_readings(saved: SavedRun, pages: list[Page]) -> dict[str, list[Readi
 RESIZE_WARNING_FRACTION = 0.03  # the processor rounds each side to its 28-pixel patch groups
 
 
-def model_input_size(page: Page, image_processor) -> tuple[int, int] | None:
-    """The (width, height) the model sees the page at, after the image processor's resize."""
-    if image_processor is None:
-        return None
-    grid = image_processor(images=[page.image], return_tensors="pt")["image_grid_thw"][0]
+def model_input_size(grid, image_processor) -> tuple[int, int]:
+    """The (width, height) the model sees a page at, from its image grid (t, h, w) in patches."""
     patch = int(getattr(image_processor, "patch_size", 14))
     return int(grid[2]) * patch, int(grid[1]) * patch
 
 
-def resized_pages(pages: list[Page], image_processor, described: list[dict]) -> list[str]:
+def resized_pages(
+    pages: list[Page], input_sizes: dict[str, tuple[int, int]], described: list[dict]
+) -> list[str]:
     """Record each page's model input size in `described`; name the pages resized by more than 3 %."""
     resized = []
     for page, entry in zip(pages, described, strict=True):
-        size = model_input_size(page, image_processor)
+        size = input_sizes.get(page.name)
         entry["model_input_size"] = None if size is None else list(size)
         if size is not None and any(
             abs(seen - given) > RESIZE_WARNING_FRACTION * given
-            for seen, given in zip(size, page.image.size, strict=True)
+            for seen, given in zip(size, page.size, strict=True)
         ):
-            resized.append(f"{page.name} ({page.image.size[0]}x{page.image.size[1]} -> {size[0]}x{size[1]})")
+            resized.append(f"{page.name} ({page.size[0]}x{page.size[1]} -> {size[0]}x{size[1]})")
     return resized
 
 
 def _image_processor(folder: Path):
     # build_inputs says what is missing when there is no preprocessor_config.json.
     return (
-        ocr_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
+        image_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
     )
 
 
@@ -237,8 +256,12 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     pages = load_pages(ocr.pages)  # bad pages and a bad saved file are usage errors, before any load
     saved = load_answers(ocr.against_outputs, pages) if ocr.against_outputs is not None else None
     use_pto = compares(options)  # verify's own decision: PTO is compared unless --baseline-only
-    started = start_run(options, batch=1, use_pto=use_pto)
+    plan = plan_run(options, batch=1, use_pto=use_pto)
+    weights_warning = check_weights(saved, plan.folder, ocr.other_weights) if saved is not None else None
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
+    if weights_warning is not None:
+        warnings.append(weights_warning)
     compiled = apply_compile(loaded.model, options, warnings)
     kernels = loaded.kernels
     switched_on: tuple[str, ...] = ()
@@ -246,7 +269,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     if use_pto:
         lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             loaded.spec,
             loaded.state,
             1,
@@ -259,7 +282,8 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     if kernels is not None:
         kernels.disable()
         kernels.reset_stats()
-    readings = read_pages(loaded, pages, "baseline", options.output_length, processor)
+    input_sizes: dict[str, tuple[int, int]] = {}
+    readings = read_pages(loaded, pages, "baseline", options.output_length, processor, input_sizes)
     stats = {}
     if kernels is not None:
         stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
@@ -295,7 +319,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         kernel_backend=describe_backend(kernel_backend) if use_pto else None,
         options={**options.to_json(), "pages": None if ocr.pages is None else str(ocr.pages)},
     )
-    resized = resized_pages(pages, processor, report.pages)
+    resized = resized_pages(pages, input_sizes, report.pages)
     if resized and any(page.lines for page in pages) and not random_weights:
         report.warnings.append(
             f"the image processor resized page(s) {', '.join(resized)}: LINES boxes are scored in the page's "
@@ -320,11 +344,6 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         trusted = trusted_readings(saved, pages)
         report.readings += [r for rows in trusted.values() for r in rows]
         report.against_outputs = saved.describe()
-        if saved.header.get("weights") != weight_files(loaded.folder):
-            report.warnings.append(
-                f"--against-outputs {saved.path} was read with other weight files: "
-                "the comparison is of two checkpoints, not of two devices"
-            )
         if saved.redrawn:
             report.warnings.append(
                 f"--against-outputs {saved.path}: page(s) {', '.join(saved.redrawn)} have the same truth but "
@@ -360,6 +379,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         header = {
             "model_path": str(loaded.folder),
             "weights": weight_files(loaded.folder),
+            "weights_digest": weights_digest(loaded.folder),
             "device": loaded.device.name,
             "dtype": loaded.dtype_name,
             "versions": report.versions,

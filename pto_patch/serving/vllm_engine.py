@@ -1,4 +1,4 @@
-"""One run of a model through vLLM, in a process of its own: `python -m pto_patch.run.vllm_engine REQUEST OUT`.
+"""One run of a model through vLLM, in a process of its own: `python -m pto_patch.serving.vllm_engine REQUEST OUT`.
 
 `pto-patch verify --engine vllm` (pto_patch.serving.vllm_verify) starts this twice, without and with the plugin's
 ops switched on in the environment it hands over ($PTO_KERNELS_VLLM_OPS): vLLM registers layer classes

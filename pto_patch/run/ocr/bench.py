@@ -4,9 +4,10 @@ Each timed run is one greedy generation of `--output_length` new tokens (end of 
 suppressed, so every run is as long) for GutenOCR's TEXT task on one page, repeated `batch` times.
 Hooks around the vision encoder's forward time it inside the run; the streamer's first token gives
 the time to the first token, so prefill is that time less the vision encoder's, and decode is the
-rest of the run. As in `bench`, each mode gets its warm-up runs, then the modes alternate run by run
-(the order reversed every other round), so a shared machine's load drifts over both alike; each
-figure is the median over the timed runs.
+rest of the run. As in `bench`, each mode gets its untimed warm-up runs on each page (at least one, so
+no first call is timed), then the modes alternate run by run (the order reversed every other round),
+so a shared machine's load drifts over both alike; each figure is the median over the timed runs, and
+each page's speed ratio comes with its noise band from the per-round ratios (run/noise.py).
 """
 
 from __future__ import annotations
@@ -17,24 +18,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import ocr_inputs
+from pto_patch.run import image_inputs
 from pto_patch.run.bench import BenchOptions
-from pto_patch.run.compiling import apply_compile
 from pto_patch.run.device import synchronize
-from pto_patch.run.generation import WARMUP_NEW_TOKENS, generate
+from pto_patch.run.generation import WARMUP_NEW_TOKENS, generate, warmup_runs
+from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.inputs import repeat_for_batch
 from pto_patch.run.loading import LoadedModel, versions
-from pto_patch.run.ocr_options import OcrOptions
-from pto_patch.run.ocr_pages import load_pages
-from pto_patch.run.ocr_report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
-from pto_patch.run.ocr_scoring import TASKS
-from pto_patch.run.ocr_verify import RANDOM_VOCABULARY_BELOW
+from pto_patch.run.ocr.options import OcrOptions
+from pto_patch.run.ocr.pages import load_pages
+from pto_patch.run.ocr.plot import write_time_plot
+from pto_patch.run.ocr.report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
+from pto_patch.run.ocr.scoring import TASKS
+from pto_patch.run.ocr.verify import RANDOM_VOCABULARY_BELOW
 from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import parse_batches
-from pto_patch.run.page_plot import write_time_plot
-from pto_patch.run.report import write_report
 from pto_patch.run.report_folder import run_reports_place
-from pto_patch.run.start import run_folder, start_run
+from pto_patch.run.start import plan_run, start_run
 
 PAGE_BENCH_FILE = "bench_ocr_pages.json"
 TASK = TASKS[0]  # TEXT: read the whole page, the task a page is OCR'd with
@@ -124,10 +124,11 @@ def _page_run(page, batch, mode, runs: list[_Timed], image_tokens, prompt_tokens
 def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     batches = parse_batches(options.batches)
     pages = load_pages(ocr.pages)
+    plan = plan_run(options, batch=max(batches), use_pto=True)
     place = run_reports_place(
-        "bench-ocr", run_folder(options, batch=max(batches)), options.output_dir, "--output-dir"
+        "bench-ocr", plan.folder, options.output_dir, "--output-dir", (PAGE_BENCH_FILE,)
     )
-    started = start_run(options, batch=max(batches), use_pto=True)
+    started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     compiled = apply_compile(loaded.model, options, warnings)
     kernels = loaded.kernels
@@ -137,9 +138,9 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         warnings.append("no vision encoder (a module named visual) found: vision time is not split out")
     folder = loaded.folder
     processor = (
-        ocr_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
+        image_inputs.load_image_processor(folder) if (folder / "preprocessor_config.json").is_file() else None
     )
-    image_id = loaded.tokenizer.convert_tokens_to_ids(ocr_inputs.IMAGE_TOKEN)
+    image_id = loaded.tokenizer.convert_tokens_to_ids(image_inputs.IMAGE_TOKEN)
 
     runs: list[PageRun] = []
     ops = {}
@@ -147,7 +148,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     backends = []
     for batch in batches:
         switched_on, table = choose_ops(
-            options.ops,
+            plan.ops,
             loaded.spec,
             loaded.state,
             batch,
@@ -166,7 +167,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         try:
             for page in pages:
                 started_at = time.perf_counter()
-                single = ocr_inputs.build_inputs(
+                single = image_inputs.build_inputs(
                     folder, TASK.prompt, page.image, tokenizer=loaded.tokenizer, image_processor=processor
                 )
                 preprocess_s = time.perf_counter() - started_at
@@ -175,7 +176,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
                 prompt_tokens = int(single["input_ids"].shape[1])
                 for switch in switches.values():
                     switch()
-                    for _ in range(options.warmup):
+                    for _ in range(warmup_runs(options.warmup)):
                         generate(loaded, inputs, WARMUP_NEW_TOKENS, fixed_length=True, logits=False)
                 timed: dict[str, list[_Timed]] = {name: [] for name in switches}
                 for round_index in range(options.iters):
@@ -224,7 +225,5 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     if ocr.plot is not None:
         write_time_plot(result.runs, Path(ocr.plot))
         result.plot = str(ocr.plot)
-    path = place.make() / PAGE_BENCH_FILE
-    write_report(result.to_json(), path, "--output-dir")
-    result.files.append(str(path))
+    result.files.append(str(place.write(place.make(), PAGE_BENCH_FILE, result.to_json())))
     return result

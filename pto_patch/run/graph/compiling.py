@@ -2,7 +2,7 @@
 
 `apply_compile` wraps `model.forward` once; both modes then run the same compiled forward. A graph run
 (`--use_acl_graph`, a capturing `--mode`, or `--cache static`) compiles the decode step alone with fixed
-shapes over a static KV cache (`run.graph_decode`: prefill eager, decode one graph per batch size);
+shapes over a static KV cache (`run.graph.graph_decode`: prefill eager, decode one graph per batch size);
 otherwise torch.compile with dynamic shapes over the whole forward and transformers' growing cache. PTO mode's switches are
 Python globals the modeling code reads, so the compiler guards on them: switching a mode on compiles
 it once (a recompile by torch's count), and switching back reuses what was compiled.
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.run import acl_graph, graph_decode
-from pto_patch.run.acl_graph import AclGraphBackend
-from pto_patch.run.graph_decode import GraphDecode
+from pto_patch.run.graph import acl_graph, graph_decode
+from pto_patch.run.graph.acl_graph import AclGraphBackend
+from pto_patch.run.graph.graph_decode import GraphDecode
 
 # Each mode compiles prefill and decode, for batch 1 and for larger batches (torch specialises size 1),
 # and tune compiles one set per candidate: room for all of them before torch falls back to eager.
@@ -421,7 +421,7 @@ def apply_compile(model, options, warnings: list[str], kernels=None) -> CompileS
         warnings.append(
             "--warmup 0 with a graph run: one untimed capture run per mode and batch size runs anyway"
             if graph
-            else "--warmup 0 with a compiled model: each mode's first timed run includes compiling it"
+            else "--warmup 0 with a compiled model: one untimed run per mode runs anyway, compiling it"
         )
     if not graph:
         model.forward = torch.compile(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,20 +45,46 @@ class Line:
 
 @dataclass
 class Page:
-    """One page and its truth; `lines` is empty where the user gave no NAME.lines.json."""
+    """One page and its truth; `lines` is empty where the user gave no NAME.lines.json.
+
+    A bundled page keeps its drawn image (three pages); a user's page keeps only its path and header
+    size, and is decoded each time `image` is read, so a folder of thousands of pages costs one page's
+    pixels at a time.
+    """
 
     name: str
-    image: Any  # a PIL image, RGB
     text: str
     text2d: str
     lines: list[Line] = field(default_factory=list)
     source: str = "bundled"
     text2d_source: str = "rendered"
+    size: tuple[int, int] = PAGE_SIZE  # width, height, read from the header for a user's page
+    drawn: Any = field(default=None, repr=False)  # a bundled page's PIL image
+    path: Path | None = None  # a user's page: decoded from here when read
+    _digest: str | None = field(default=None, repr=False)
+
+    @property
+    def image(self):
+        """The page as a PIL RGB image: the drawn one, or decoded from its file now (not kept)."""
+        if self.drawn is not None:
+            image = self.drawn
+        else:
+            image = _decode_image(self.path)
+            if image.size != self.size:
+                raise _bad(
+                    f"--pages: {self.path} changed during the run ({self.size} -> {image.size})",
+                    "leave the pages folder alone while a run reads it",
+                )
+        if self._digest is None:
+            self._digest = hashlib.sha256(image.tobytes()).hexdigest()
+        return image
 
     @property
     def digest(self) -> str:
         """sha256 of the pixels (another Pillow or FreeType may draw a bundled page a little differently)."""
-        return hashlib.sha256(self.image.tobytes()).hexdigest()
+        if self._digest is None:
+            self.image  # noqa: B018 - decoding sets it
+        return self._digest
 
     @property
     def truth_digest(self) -> str:
@@ -69,7 +96,7 @@ class Page:
         return {
             "name": self.name,
             "source": self.source,
-            "size": list(self.image.size),
+            "size": list(self.size),
             "truth_chars": len(self.text),
             "truth_lines": len(self.lines),
             "text2d_from": self.text2d_source,
@@ -167,10 +194,11 @@ class _Canvas:
 def _finish(name: str, canvas: _Canvas, reading_order: list[str]) -> Page:
     return Page(
         name=name,
-        image=canvas.image,
         text="\n".join(reading_order),
         text2d=layout_text2d(canvas.lines),
         lines=list(canvas.lines),
+        size=canvas.image.size,
+        drawn=canvas.image,
     )
 
 
@@ -270,54 +298,150 @@ def _bad(message: str, hint: str) -> PtoPatchError:
 
 
 def _read_text(path: Path) -> str:
+    """A truth file's text; a byte-order mark is no character of the truth."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _bad(f"--pages: {path} is not UTF-8 text", "save the truth as UTF-8") from exc
     except OSError as exc:
         raise _bad(f"--pages: cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
 
 
-def _read_lines(path: Path) -> list[Line]:
+def load_json_text(text: str) -> Any:
+    """`json.loads`, where every way the text can fail is a ValueError: nesting too deep for the
+    parser (RecursionError), an integer of more digits than Python converts (ValueError), bad JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("nested too deep") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg}, line {exc.lineno}") from exc
+
+
+def finite_box(box: Any) -> tuple[float, float, float, float] | None:
+    """Four finite numbers (no booleans, no NaN, no infinity or 1e400), or None."""
+    if not isinstance(box, list) or len(box) != 4:
+        return None
+    values = []
+    for value in box:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past float's range
+            return None
+        if not math.isfinite(number):
+            return None
+        values.append(number)
+    return values[0], values[1], values[2], values[3]
+
+
+BOX_SLACK = 0.02  # a truth box may reach this far past the page's edge (rounding), then is clipped to it
+
+
+def _line_problem(item: Any, size: tuple[int, int]) -> tuple[str, Line | None]:
+    """What is wrong with one entry of a NAME.lines.json, or its line."""
+    if not isinstance(item, dict):
+        return f"is a {type(item).__name__}, not an object", None
+    if not isinstance(item.get("text"), str):
+        return "has no text string", None
+    raw = item.get("bbox", item.get("box"))
+    box = finite_box(raw)
+    if box is None:
+        return "has no bbox of four finite numbers", None
+    x1, y1, x2, y2 = box
+    if x2 <= x1 or y2 <= y1:
+        return f"has an empty box {raw} (x1 < x2 and y1 < y2 needed)", None
+    width, height = size
+    slack_x, slack_y = BOX_SLACK * width, BOX_SLACK * height
+    if x1 < -slack_x or y1 < -slack_y or x2 > width + slack_x or y2 > height + slack_y:
+        return f"has a box {raw} outside the {width}x{height} page", None
+    clipped = (max(x1, 0), max(y1, 0), min(x2, width), min(y2, height))
+    return "", Line(item["text"], tuple(int(round(v)) for v in clipped))
+
+
+def _read_lines(path: Path, size: tuple[int, int]) -> list[Line]:
+    """A page's truth lines; any entry that is not a text with a box on the page is refused by index."""
     hint = 'write a JSON list of {"text": "...", "bbox": [x1, y1, x2, y2]} in the page\'s pixels'
     try:
-        data = json.loads(_read_text(path))
-    except json.JSONDecodeError as exc:
-        raise _bad(f"--pages: {path} is not JSON ({exc.msg}, line {exc.lineno})", hint) from exc
+        data = load_json_text(_read_text(path))
+    except ValueError as exc:
+        raise _bad(f"--pages: {path} is not JSON ({exc})", hint) from exc
     if not isinstance(data, list):
         raise _bad(f"--pages: {path} holds no list of lines", hint)
     lines = []
     for index, item in enumerate(data):
-        box = item.get("bbox", item.get("box")) if isinstance(item, dict) else None
-        text = item.get("text") if isinstance(item, dict) else None
-        if (
-            not isinstance(text, str)
-            or not isinstance(box, list)
-            or len(box) != 4
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in box)
-            or box[2] <= box[0]
-            or box[3] <= box[1]
-        ):
-            raise _bad(f"--pages: line {index} of {path} is not a text with a box x1 < x2, y1 < y2", hint)
-        lines.append(Line(text, tuple(int(round(v)) for v in box)))
+        problem, line = _line_problem(item, size)
+        if line is None:
+            raise _bad(f"--pages: line {index} of {path} {problem}", hint)
+        lines.append(line)
     return lines
 
 
-def _open_image(path: Path):
+def _unreadable(path: Path, exc: BaseException) -> PtoPatchError:
+    reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+    return _bad(f"--pages: {path} is not an image PIL can read ({reason})", "pass PNG or JPEG pages")
+
+
+def _aspect_problem(width: int, height: int) -> str | None:
+    """What the model's image processor would refuse of this size: its own rule where it imports."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    except ImportError:
+        try:
+            from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+        except ImportError:
+            return None  # the run's own processor says it later
+    try:
+        smart_resize(height, width)
+    except ValueError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def read_image_header(path: Path) -> tuple[int, int]:
+    """A page's (width, height) from its header, after checking what can be checked without decoding
+    it: that PIL reads the header, that the file's chunks are whole (PNG), that the size is one the
+    model's image processor takes, and that it is no decompression bomb."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as opened:
+                size = opened.size
+                opened.verify()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, struct.error ... for bad data
+        raise _unreadable(path, exc) from exc
+    if min(size) < 1:
+        raise _bad(f"--pages: {path} is {size[0]}x{size[1]} pixels", "pass pages with some pixels")
+    problem = _aspect_problem(*size)
+    if problem is not None:
+        raise _bad(
+            f"--pages: {path} is {size[0]}x{size[1]}, a size the model cannot take ({problem})",
+            "crop or pad the page to a document's proportions",
+        )
+    return size
+
+
+def _decode_image(path: Path):
     from PIL import Image
 
     try:
         with Image.open(path) as opened:
             return opened.convert("RGB")
-    except Exception as exc:  # PIL raises OSError, SyntaxError, struct.error ... for bad data
-        reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-        raise _bad(
-            f"--pages: {path} is not an image PIL can read ({reason})", "pass PNG or JPEG pages"
-        ) from exc
+    except Exception as exc:  # a file whose header held and whose data does not
+        raise _unreadable(path, exc) from exc
 
 
 def load_pages(folder: Path | None) -> list[Page]:
-    """The bundled pages, or every image in `folder` with its truth; bad input is a usage error."""
+    """The bundled pages, or every image in `folder` with its truth; bad input is a usage error.
+
+    Every page's truth and image header is checked before the first page is decoded (a broken last
+    page is refused at once); the pixels are decoded one page at a time, when a page is read.
+    """
     if folder is None:
         return bundled_pages()
     folder = Path(folder)
@@ -339,8 +463,9 @@ def load_pages(folder: Path | None) -> list[Page]:
         text = _read_text(truth).strip()
         if not text:
             raise _bad(f"--pages: {truth} is empty", "write the page's text into it")
+        size = read_image_header(path)
         lines_path = folder / f"{path.stem}.lines.json"
-        lines = _read_lines(lines_path) if lines_path.is_file() else []
+        lines = _read_lines(lines_path, size) if lines_path.is_file() else []
         text2d_path = folder / f"{path.stem}.text2d.txt"
         if text2d_path.is_file():
             text2d, text2d_source = _read_text(text2d_path).strip("\n"), text2d_path.name
@@ -351,12 +476,13 @@ def load_pages(folder: Path | None) -> list[Page]:
         pages.append(
             Page(
                 name=path.stem,
-                image=_open_image(path),
                 text=text,
                 text2d=text2d,
                 lines=lines,
                 source=str(path),
                 text2d_source=text2d_source,
+                size=size,
+                path=path,
             )
         )
     return pages

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pto_patch.run.ocr_scoring import Score
+from pto_patch.run.ocr.scoring import Score
 from pto_patch.run.report import SCHEMA_VERSION, LoadInfo, OpReport, Verdict
 
 RANDOM_WEIGHTS_NOTE = (
@@ -258,17 +258,21 @@ class PageBenchResult(Verdict):
     options: dict[str, Any] = field(default_factory=dict)
 
     def ratios(self) -> list[dict[str, Any]]:
-        """PTO over baseline per (page, batch): latency, first token, decode tokens/s."""
+        """PTO over baseline per (page, batch): latency, first token, decode tokens/s, and the page's
+        speed per timed round with its noise band (none where nothing was switched on)."""
+        from pto_patch.run.noise import speed_band
+
         runs = {(r.page, r.batch, r.mode): r for r in self.runs}
         rows = []
         for (page, batch, mode), base in runs.items():
             pto = runs.get((page, batch, "pto"))
             if mode != "baseline" or pto is None:
                 continue
-            row = {"page": page, "batch": batch}
+            row: dict[str, Any] = {"page": page, "batch": batch}
             for key in ("latency_s", "first_token_s", "vision_s", "decode_tokens_per_s"):
                 a, b = getattr(base, key), getattr(pto, key)
                 row[key] = round(b / a, 4) if a and b is not None else None
+            row["speed"] = speed_band(base.latencies_s, pto.latencies_s, bool(self.switched_on)).to_json()
             rows.append(row)
         return rows
 
