@@ -6,14 +6,12 @@ into ~/.cache/pto_kernels (or $PTO_KERNELS_CACHE_DIR) and reused afterwards.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import golden_cases as gc
 import pytest
 import torch
+from interpreter_run import run_interpreter
 
 pytestmark = [
     pytest.mark.pypto,
@@ -24,18 +22,7 @@ RUNNER = Path(__file__).with_name("pypto_runner.py")
 
 
 def _run(mode: str, tmp: Path) -> dict:
-    env = dict(os.environ, TILE_FWK_OUTPUT_DIR=str(tmp / "traces"))
-    env.pop("ASCEND_HOME_PATH", None)  # CANN absent: pypto must stay in SIM mode
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), mode, str(tmp / "out.pt")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {**torch.load(tmp / "out.pt"), "stderr": proc.stderr}
+    return run_interpreter(RUNNER, tmp, mode)
 
 
 @pytest.fixture(scope="module")

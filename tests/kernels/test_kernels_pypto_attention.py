@@ -9,14 +9,11 @@ a small fp32 case.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import golden_cases as gc
 import pytest
-import torch
+from interpreter_run import run_interpreter
 
 pytestmark = [
     pytest.mark.pypto,
@@ -29,19 +26,7 @@ CASES = gc.load("attention_core", "pypto_cases")
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pypto_attention")
-    env = dict(os.environ, TILE_FWK_OUTPUT_DIR=str(tmp / "traces"))
-    env.pop("ASCEND_HOME_PATH", None)  # CANN absent: pypto must stay in SIM mode
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(tmp / "out.pt")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    out = torch.load(tmp / "out.pt", weights_only=False)
+    out = run_interpreter(RUNNER, tmp_path_factory.mktemp("pypto_attention"))
     print("pypto interpreter seconds per case:", {k: round(v, 1) for k, v in out["seconds"].items()})
     return out
 

@@ -7,14 +7,13 @@ fills whole 32-byte blocks), in bf16 and fp32, at 1 row, 6 rows (batch 2) and 19
 """
 
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import golden_cases as gc
 import pytest
 import torch
+from interpreter_run import run_interpreter
 
 pytestmark = [
     pytest.mark.pypto,
@@ -30,19 +29,7 @@ CASE_IDS = [f"{dtype}-{shape}" for dtype, shape in runner.CASES]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pypto_blocks")
-    env = dict(os.environ, TILE_FWK_OUTPUT_DIR=str(tmp / "traces"))
-    env.pop("ASCEND_HOME_PATH", None)  # CANN absent: pypto must stay in SIM mode
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(tmp / "out.pt")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pypto runner exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    out = torch.load(tmp / "out.pt", weights_only=False)
+    out = run_interpreter(RUNNER, tmp_path_factory.mktemp("pypto_blocks"))
     print("pypto interpreter seconds per case:", {k: round(v, 1) for k, v in out["seconds"].items()})
     return out
 
