@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pto_patch.model.spec import load_spec
 from tests.folder_snapshot import snapshot
 from tests.torchair_runs import run_with_torchair
 
@@ -30,7 +31,7 @@ pytestmark = [
     pytest.mark.skipif(not STACK, reason="PTO_PATCH_STACK is not set: run by .ci/stack_lane"),
 ]
 FAST = ["--dtype", "fp32", "--warmup", "1", "--iters", "1", "--json"]
-ALL_OPS = ("rms_norm", "mrope", "swiglu_mlp", "residual_rms_norm", "mlp_block", "attention_prologue")
+ALL_OPS = tuple(load_spec("gutenocr_3b").injections)  # what `--ops all` switches on in a whole patch
 
 
 def run(args: list[str], home: Path, torchair: bool = False):
