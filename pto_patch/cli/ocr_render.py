@@ -86,17 +86,14 @@ def ocr_verify_text(report) -> None:
 
 def _page_speed_lines(result) -> None:
     """Per page and batch: PTO's speed over the baseline's per timed round, with its noise band."""
-    from pto_patch.run.noise import describe, speed_band
+    from pto_patch.run.noise import describe
 
-    runs = {(r.page, r.batch, r.mode): r for r in result.runs}
-    for (page, batch, mode), base in runs.items():
-        pto = runs.get((page, batch, "pto"))
-        if mode == "baseline" and pto is not None:
-            estimate = speed_band(base.latencies_s, pto.latencies_s, bool(result.switched_on))
-            out.print(
-                f"  {page}, batch {batch}: PTO speed / baseline, per timed round: {describe(estimate)}",
-                markup=False,
-            )
+    for base, pto in result.pairs():
+        out.print(
+            f"  {base.page}, batch {base.batch}: PTO speed / baseline, per timed round: "
+            f"{describe(result.speed(base, pto))}",
+            markup=False,
+        )
 
 
 def page_bench_text(result) -> None:

@@ -121,12 +121,8 @@ def make_dirs(path: Path) -> None:
         directory.mkdir(exist_ok=True)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> None:
-    """Write `data` to `path` so that readers see either the old or the new file, never half of one.
-
-    If `path` is a symbolic link, the link is replaced by a regular file (its target is left alone).
-    """
-    path = Path(path)
+def _written_beside(path: Path, data: bytes, mode: int | None) -> str:
+    """`data` in full, synced, in a temporary file beside `path` (its folder made first): its name."""
     make_dirs(path.parent)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pto-tmp", dir=path.parent)
     try:
@@ -137,11 +133,44 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> N
             os.fsync(handle.fileno())
         if mode is not None:
             os.chmod(tmp_name, mode)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return tmp_name
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write `data` to `path` so that readers see either the old or the new file, never half of one.
+
+    If `path` is a symbolic link, the link is replaced by a regular file (its target is left alone).
+    """
+    path = Path(path)
+    tmp_name = _written_beside(path, data, mode)
+    try:
         _checkpoint(RENAME, path)
         os.replace(tmp_name, path)  # replaces a link itself, never its target
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def create_new_bytes(path: Path, data: bytes, *, mode: int | None = None, tries: int = 999) -> Path | None:
+    """`data` as a new file at `path`, or at `NAME-2.ext`, `NAME-3.ext`... where the name is taken: written
+    in full beside it, then linked in place, which never replaces a file. The path it took; None when
+    every one of `tries` names is taken."""
+    path = Path(path)
+    tmp_name = _written_beside(path, data, mode)
+    try:
+        for number in range(1, tries + 1):
+            chosen = path if number == 1 else path.with_name(f"{path.stem}-{number}{path.suffix}")
+            try:
+                os.link(tmp_name, chosen)
+            except FileExistsError:
+                continue
+            return chosen
+        return None
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)
 
 
 def atomic_symlink(path: Path, target: str) -> None:

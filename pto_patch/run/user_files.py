@@ -113,31 +113,17 @@ def write_user_file(path: Path, data: bytes, flag: str) -> None:
 
 def write_new_user_file(path: Path, data: bytes, flag: str) -> Path:
     """`data` as a new file at `path`, or at `NAME-2.json`, `NAME-3.json`... where another run took the
-    name meanwhile: written in full beside it first, then linked in place, which never replaces a file.
-    Returns where it went; an OSError is one line naming `flag`."""
-    import tempfile
+    name meanwhile (patching.fileio.create_new_bytes: never replaces a file). Returns where it went; an
+    OSError is one line naming `flag`."""
+    from pto_patch.patching.fileio import create_new_bytes
 
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pto-tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(temporary, 0o644)
-            for number in range(1, 1000):
-                chosen = path if number == 1 else path.with_name(f"{path.stem}-{number}{path.suffix}")
-                try:
-                    os.link(temporary, chosen)
-                except FileExistsError:
-                    continue
-                return chosen
-            raise PtoPatchError(f"{flag}: every name like {path.name} is taken", f"pass another {flag}")
-        finally:
-            Path(temporary).unlink(missing_ok=True)
+        chosen = create_new_bytes(path, data, mode=0o644)
     except OSError as exc:
         raise PtoPatchError(
             f"cannot write {flag} {path}: {exc.strerror or exc}", f"pick a writable path for {flag}"
         ) from exc
+    if chosen is None:
+        raise PtoPatchError(f"{flag}: every name like {path.name} is taken", f"pass another {flag}")
+    return chosen

@@ -1,7 +1,11 @@
 """The stand-in torch_npu's `npu_fused_infer_attention_score`, refusing what the real one refuses.
 
-Mirrors its schema and API page in Ascend/op-plugin (`docs/context/torch_npu-npu_fused_infer_attention_score.md`,
-Atlas A2): query, key, value positional, everything else keyword-only; returns (attention_out, softmax_lse).
+Mirrors its schema and API page in Ascend/op-plugin (`docs/context/torch_npu-npu_fused_infer_attention_score.md`
+and `op_plugin/ops/opapi/FusedInferAttentionScoreKernelNpuOpApi.cpp`, Atlas A2), as on op-plugin master
+(the 26.1.0 branch stand_in_torch_npu.py mirrors; its signature carries query_rope / key_rope, which older
+branches lack): query, key, value positional, everything else keyword-only; returns (attention_out,
+softmax_lse). It refuses on the call, where the real op's aclnn parameter check raises: eagerly, and inside
+a capture on the first (recording) call, which is when torchair and npugraph_ex run the op once.
 Refused as the real op refuses them: a non-contiguous query, key or value; a query dtype other than
 float16 / bfloat16 (key and value: the query's; the int8 / int4 paths are quantised ones, not mirrored); key
 and value shapes that differ; under BNSD, num_heads other than the query's N or num_key_value_heads other

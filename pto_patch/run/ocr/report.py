@@ -257,22 +257,31 @@ class PageBenchResult(Verdict):
     files: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
 
-    def ratios(self) -> list[dict[str, Any]]:
-        """PTO over baseline per (page, batch): latency, first token, decode tokens/s, and the page's
-        speed per timed round with its noise band (none where nothing was switched on)."""
+    def pairs(self) -> list[tuple[PageRun, PageRun]]:
+        """(baseline, pto) per page and batch size, in run order."""
+        runs = {(r.page, r.batch, r.mode): r for r in self.runs}
+        return [
+            (base, runs[(page, batch, "pto")])
+            for (page, batch, mode), base in runs.items()
+            if mode == "baseline" and (page, batch, "pto") in runs
+        ]
+
+    def speed(self, base: PageRun, pto: PageRun):
+        """One page's speed per timed round with its noise band (no ratio where nothing was switched on)."""
         from pto_patch.run.noise import speed_band
 
-        runs = {(r.page, r.batch, r.mode): r for r in self.runs}
+        return speed_band(base.latencies_s, pto.latencies_s, bool(self.switched_on))
+
+    def ratios(self) -> list[dict[str, Any]]:
+        """PTO over baseline per (page, batch): latency, first token, decode tokens/s, and the page's
+        speed per timed round with its noise band."""
         rows = []
-        for (page, batch, mode), base in runs.items():
-            pto = runs.get((page, batch, "pto"))
-            if mode != "baseline" or pto is None:
-                continue
-            row: dict[str, Any] = {"page": page, "batch": batch}
+        for base, pto in self.pairs():
+            row: dict[str, Any] = {"page": base.page, "batch": base.batch}
             for key in ("latency_s", "first_token_s", "vision_s", "decode_tokens_per_s"):
                 a, b = getattr(base, key), getattr(pto, key)
                 row[key] = round(b / a, 4) if a and b is not None else None
-            row["speed"] = speed_band(base.latencies_s, pto.latencies_s, bool(self.switched_on)).to_json()
+            row["speed"] = self.speed(base, pto).to_json()
             rows.append(row)
         return rows
 
