@@ -220,7 +220,7 @@ def min_bytes(op: str, params: dict) -> int:
 def _sim_child(request: str) -> None:
     """Build one kernel in SIM mode with the table's tiling (or the one given) and call it once."""
     from pto_kernels.backends import pypto_kernels
-    from pto_kernels.tiling.tile_table import TileConfig, tile_config
+    from pto_kernels.tiling.tile_table import TileConfig
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
@@ -228,7 +228,7 @@ def _sim_child(request: str) -> None:
         op, TEXT
     )
     if config is None:
-        config = tile_config(op, rows, width)[1]
+        config = _table_config(op, params, width)
     else:
         config = TileConfig.from_dict(config)
     if op == "rms_norm":
@@ -252,6 +252,15 @@ def _sim_child(request: str) -> None:
         _sim_core(params, config)
     else:
         raise ValueError(op)
+
+
+def _table_config(op: str, params: dict, width: int):
+    """The TileConfig the kernel package picks for this call (the attention core's depends on its cache)."""
+    from pto_kernels.tiling.tile_table import attention_core_config, tile_config
+
+    if op == "attention_core":
+        return attention_core_config(params["rows"], width, params["context"])[1]
+    return tile_config(op, params["rows"], width)[1]
 
 
 def _sim_block(op: str, params: dict, config) -> None:
@@ -324,13 +333,12 @@ def _sim_core(params: dict, config) -> None:
     chunks = -(-context // pypto_attention.chunk_width(config, context))
     q = torch.randn(K_HEADS * group * rows, HEAD_DIM, dtype=bf16)
     cache = torch.randn(K_HEADS * context, HEAD_DIM, dtype=bf16)
+    bias = pypto_attention.mask_bias(torch.tensor([context]), group, rows, context)
     kernel(
         q,
         cache,
         cache.clone(),
-        torch.full((1, 1), float(context)),
-        torch.zeros(group * rows, 1),
-        torch.arange(context, dtype=torch.float32).reshape(1, -1),
+        bias,
         torch.empty_like(q),
         torch.empty(q.shape[0], 2 * -(-chunks // 8) * 8),
         torch.empty(q.shape[0], chunks * HEAD_DIM),
@@ -396,11 +404,11 @@ def fixed_costs(tasks: list[dict], pipes: Path) -> dict | None:
 def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None:
     """The most L1 and L0B bytes the kernel's matmul tiles take, and whether all fit (None: no matmul)."""
     from pto_kernels.tiling import tile_budget
-    from pto_kernels.tiling.tile_table import TileConfig, tile_config
+    from pto_kernels.tiling.tile_table import TileConfig
 
     if config is None:
         width = {"rms_norm": params.get("width", TEXT), "attention_core": HEAD_DIM}.get(op, TEXT)
-        config = tile_config(op, params["rows"], width)[1]
+        config = _table_config(op, params, width)
     else:
         config = TileConfig.from_dict(config)
     tiles = tile_budget.cube_tiles(op, config)

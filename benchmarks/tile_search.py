@@ -36,6 +36,8 @@ _PREFILL_TILES = {"cube_k": (128, 512), "cube_n": (128, 256), "act_rows": 16}
 # The decoder-layer blocks at decode: every matmul (o_proj or q/k/v, gate/up, down) with one tiling
 _BLOCK = {"row_tile": 16, "norm_rows": 8}
 _MLP_BLOCK_MERGE = {"pass_settings": ((_L1, -1, 8), (_L1, 0, 1))}
+# the attention core: 1,024-position chunks; the scores' k tiles and P @ V's k tiles as the decode entry
+_CORE = {"row_tile": 16, "norm_rows": 8, "kv_chunk": 1024, "cube_k": (64, 128), "down_cube_k": (256, 1024)}
 
 
 def _all_matmuls(k: tuple[int, int], n: tuple[int, int]) -> dict:
@@ -156,6 +158,27 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(**_BLOCK, cube_k=(256, 1024), cube_n=(128, 128)),  # L0B full
             TileConfig(**_BLOCK, cube_k=(128, 1024), cube_n=(128, 128)),
             TileConfig(**_BLOCK, cube_k=(256, 1024), cube_n=(64, 128)),
+        ],
+    ),
+    # the attention core at decode, 1 row, over a cache of 4 chunks (the merge runs) and of one chunk (none)
+    ("attention_core", "decode", None): (
+        [{"rows": 1, "context": 4096}],
+        [
+            TileConfig(**_CORE, cube_n=(512, 1024), down_cube_n=(128, 128)),  # a chunk's scores in 2 tasks
+            TileConfig(**_CORE, cube_n=(256, 256), down_cube_n=(128, 128)),
+            TileConfig(**_CORE, cube_n=(512, 1024), down_cube_n=(64, 64)),
+            TileConfig(**_CORE | {"kv_chunk": 512}, cube_n=(512, 1024), down_cube_n=(128, 128)),
+            TileConfig(**_CORE | {"kv_chunk": 2048}, cube_n=(512, 1024), down_cube_n=(128, 128)),
+        ],
+    ),
+    ("attention_core", "one_chunk", None): (
+        [{"rows": 1, "context": 1024}],
+        [
+            TileConfig(**_CORE, cube_n=(512, 1024), down_cube_n=(128, 128)),  # the decode entry's
+            TileConfig(**_CORE, cube_n=(128, 128), down_cube_n=(32, 32)),
+            TileConfig(**_CORE, cube_n=(256, 256), down_cube_n=(32, 32)),
+            TileConfig(**_CORE, cube_n=(128, 128), down_cube_n=(64, 64)),
+            TileConfig(**_CORE, cube_n=(64, 64), down_cube_n=(32, 32)),
         ],
     ),
     ("linear", "decode", None): (

@@ -240,3 +240,51 @@ def test_npu_inside_a_capture_masks_on_the_device_instead_of_reading_lengths_bac
     lengths, mask = seen[0]
     assert lengths is None and mask is not None and mask.dtype == torch.bool
     gc.check_close(out, gc.attention_core_expected(*inputs), inputs[0].dtype, "npu, captured")
+
+
+def test_the_pypto_mask_bias_hides_exactly_what_a_row_must_not_see():
+    """The pypto kernel's mask, made in torch once per forward: row (q head, i) of sequence b sees positions
+    < kv_lens[b] - s + i + 1, checked position by position; one new row gets one shared bias row."""
+    from pto_kernels.backends import pypto_attention
+
+    kv_lens, group, seq, cache_len = torch.tensor([5, 9]), 2, 3, 12
+    bias = pypto_attention.mask_bias(kv_lens, group, seq, cache_len)
+    assert bias.shape == (2 * group * seq, cache_len) and bias.dtype == torch.float32
+    for b, length in enumerate(kv_lens.tolist()):
+        for g in range(group):
+            for i in range(seq):
+                row = bias[b * group * seq + g * seq + i]
+                for pos in range(cache_len):
+                    limit = length - seq + i + 1
+                    assert (row[pos] == 0) == (pos < limit), (b, g, i, pos)
+                    if pos >= limit:  # the further past, the lower: a chunk with nothing visible weighs 0
+                        assert row[pos].item() == pytest.approx(
+                            -pypto_attention.MASKED * (pos - limit + 1), rel=1e-6
+                        )
+    one = pypto_attention.mask_bias(kv_lens, 8, 1, cache_len)
+    assert one.shape == (2, cache_len) and (one[0] == 0).sum() == 5 and (one[1] == 0).sum() == 9
+
+
+def test_the_pypto_mask_bias_is_made_once_per_forward():
+    from pto_kernels.backends.pypto_attention import _Constants
+
+    constants, kv_lens = _Constants(), torch.tensor([20])
+    first = constants.bias(kv_lens, 8, 1, 64)
+    assert constants.bias(kv_lens, 8, 1, 64) is first and constants.builds == 1  # every layer, one forward
+    kv_lens += 1  # the next step's lengths, in place: made again
+    assert (constants.bias(kv_lens, 8, 1, 64) == 0).sum() == 21 and constants.builds == 2
+    constants.bias(kv_lens, 8, 2, 64)  # another row count
+    constants.bias(torch.tensor([21]), 8, 2, 64)  # other lengths of the same value: made again, never trusted
+    assert constants.builds == 4
+
+
+def test_a_cache_of_one_chunk_spreads_the_chunk_over_the_cores():
+    from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, attention_core_config
+
+    decode = BLOCK_TILE_TABLE[("attention_core", "decode", None)]
+    one_chunk = BLOCK_TILE_TABLE[("attention_core", "one_chunk", None)]
+    assert one_chunk.kv_chunk == decode.kv_chunk  # the same chunk width: only the tiles differ
+    assert attention_core_config(1, 128, decode.kv_chunk) == ("one_chunk", one_chunk)
+    assert attention_core_config(16, 128, 17) == ("one_chunk", one_chunk)
+    assert attention_core_config(1, 128, decode.kv_chunk + 1) == ("decode", decode)
+    assert one_chunk.cube_n[1] < decode.cube_n[1] and one_chunk.down_cube_n[1] < decode.down_cube_n[1]

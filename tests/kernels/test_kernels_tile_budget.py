@@ -88,7 +88,12 @@ def test_double_buffering_room_is_half_of_l0a_and_l0b():
 
 
 @pytest.mark.parametrize(
-    "klass", [k for k in tile_search.CANDIDATES if k[0] in ("mlp_block", "attention_prologue", "linear")]
+    "klass",
+    [
+        k
+        for k in tile_search.CANDIDATES
+        if k[0] in ("mlp_block", "attention_prologue", "linear", "attention_core")
+    ],
 )
 def test_the_block_decode_entries_are_the_searchs_first_choice(klass):
     """tile_search.json holds the cost model's cycles per candidate: the entry is the one it ranks first."""

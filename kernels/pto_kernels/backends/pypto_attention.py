@@ -13,18 +13,23 @@ out = sum_c w_c A_c / sum_c w_c l_c. The softmax is fp32 throughout. A cache of 
 table's kv_chunk positions) needs no merge: its P is normalised in the softmax task and its P @ V is the
 output, three stages instead of four.
 
-The mask is made in the kernel from kv_lens: row i of sequence b sees positions < kv_lens[b] - s + i + 1
-(the new rows are the last s valid positions, causal among themselves). Masked scores get -1e30 times how
-far past the limit they are, so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge
-(every row sees at least its own position). The chunk count is fixed by the cache length: the kernel reads
-the whole static cache, valid or not (pypto 0.2 has no loop whose bound is a tensor's value).
+The mask comes in as an additive bias, fp32 [batch * bias_rows, cache_len], made in torch once per forward
+and shared by every layer (`_Constants.bias`; inside a device-graph capture it is recorded once, in the first
+layer, and every replay remakes it): row i of sequence b sees positions < kv_lens[b] - s + i + 1 (the new
+rows are the last s valid positions, causal among themselves), one bias row per sequence when s is 1 (the
+group's q heads share it), group x s rows otherwise. Masked scores get -1e30 times how far past the limit
+they are, so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge (every row sees at
+least its own position). The kernel reads the bias once per chunk and task, where making the mask inside
+it cost the softmax task two more copies from global memory (the lengths and the positions), ~1,400
+cycles each in the cost model. The chunk count is fixed by the cache length: the kernel reads the whole
+static cache, valid or not (pypto 0.2 has no loop whose bound is a tensor's value).
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
 import torch
 
 from ..tiling import tile_budget
-from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, tile_config
+from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, attention_core_config
 from . import decode_lengths, reference
 from .pypto_kernels import _device_type, _dtype, _jit, _kernel, _kernel_key, _launching, _new_output, _pypto
 
@@ -54,9 +59,9 @@ def _build_attention_core(
     batch, kv_heads, group, new_rows, cache_len, dim, dtype, scale, config, device_type
 ):
     """rows = group x s (a kv head's query rows); q and out [batch*kv_heads*rows, dim], caches
-    [batch*kv_heads*cache_len, dim], kv_lens [batch, 1] fp32, row_offsets [rows, 1] fp32 (1 - s + i for
-    the row's position i), positions [1, cache_len] fp32 (0, 1, ...); two fp32 scratch tensors hold the
-    chunks' partials: (m, l) [.., 2 * padded chunk count] and A [.., chunks * dim]."""
+    [batch*kv_heads*cache_len, dim], bias [batch * bias_rows(s, group), cache_len] fp32 (the mask, see the
+    module docstring); two fp32 scratch tensors hold the chunks' partials: (m, l) [.., 2 * padded chunk
+    count] and A [.., chunks * dim]."""
     pypto = _pypto()
     dt, fp32 = _dtype(dtype), pypto.DT_FP32
     rows = group * new_rows
@@ -67,8 +72,9 @@ def _build_attention_core(
     qk_k, qk_n, pv_k, pv_n = _tiles(config, chunk, dim)
     vec_rows = min(rows, config.norm_rows or rows)
     heads = batch * kv_heads
+    masks = bias_rows(new_rows, group)
 
-    def chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf, out):
+    def chunk_partials(q, k, v, bias_in, ml_buf, acc_buf, out):
         for head in range(heads):
             row, seq = head * rows, head // kv_heads
             for c in range(chunks):
@@ -79,11 +85,7 @@ def _build_attention_core(
                 pypto.set_cube_tile_shapes(m, qk_k, qk_n)
                 scores = pypto.matmul(qt, kt, fp32, b_trans=True)
                 pypto.set_vec_tile_shapes(vec_rows, chunk)
-                limit = pypto.view(kv_lens, [1, 1], [seq, 0])
-                if new_rows > 1:  # each row its own limit, [rows, 1]; one new row: the sequence's length
-                    limit = pypto.add(limit, row_offsets)
-                past = pypto.sub(pypto.view(positions, [1, width], [0, c * chunk]), limit)  # >= 0: masked
-                bias = pypto.mul(pypto.maximum(pypto.add(past, 1.0), 0.0), -MASKED)
+                bias = pypto.view(bias_in, [masks, width], [seq * masks, c * chunk])  # [1, w]: broadcast
                 scores = pypto.add(pypto.mul(scores, scale), bias)
                 top = pypto.amax(scores, -1, True)
                 p = pypto.exp(pypto.sub(scores, top))
@@ -121,9 +123,7 @@ def _build_attention_core(
         q: pypto.Tensor([heads * rows, dim], dt),
         k: pypto.Tensor([heads * cache_len, dim], dt),
         v: pypto.Tensor([heads * cache_len, dim], dt),
-        kv_lens: pypto.Tensor([batch, 1], fp32),
-        row_offsets: pypto.Tensor([rows, 1], fp32),
-        positions: pypto.Tensor([1, cache_len], fp32),
+        bias_in: pypto.Tensor([batch * masks, cache_len], fp32),
         out: pypto.Tensor([heads * rows, dim], dt),
         ml_buf: pypto.Tensor([heads * rows, 2 * padded], fp32),
         acc_buf: pypto.Tensor([heads * rows, chunks * dim], fp32),
@@ -131,12 +131,17 @@ def _build_attention_core(
         pypto.set_vec_tile_shapes(vec_rows, chunk)
         # two stages, each its own function: a scratch tensor written and read in one would be a cycle
         for _ in pypto.loop(1):
-            chunk_partials(q, k, v, kv_lens, row_offsets, positions, ml_buf, acc_buf, out)
+            chunk_partials(q, k, v, bias_in, ml_buf, acc_buf, out)
         if chunks > 1:
             for _ in pypto.loop(1):
                 merged(out, ml_buf, acc_buf)
 
     return attention_core_kernel
+
+
+def bias_rows(new_rows: int, group: int) -> int:
+    """Rows of the mask bias per sequence: 1 for one new row (its q heads share a limit), else group x s."""
+    return 1 if new_rows == 1 else group * new_rows
 
 
 def _chunk_weights(tops):
@@ -146,32 +151,34 @@ def _chunk_weights(tops):
 
 
 class _Constants:
-    """The kernel's mask inputs: positions per cache length, row offsets per shape, the last lengths."""
+    """The kernel's mask bias, made once while the same lengths come back (every layer of a forward passes
+    one lengths tensor: decode_lengths)."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple, torch.Tensor] = {}
+        self._key: tuple | None = None
+        self._held: tuple | None = None  # the lengths kept alive, so their id is never reused meanwhile
+        self.builds = 0
 
-    def positions(self, cache_len: int, device) -> torch.Tensor:
-        key = ("positions", cache_len, str(device))
-        if key not in self._held:
-            self._held[key] = torch.arange(cache_len, dtype=torch.float32, device=device).reshape(1, -1)
-        return self._held[key]
+    def bias(self, kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int) -> torch.Tensor:
+        version = -1 if kv_lens.is_inference() else kv_lens._version
+        key = (id(kv_lens), version, tuple(kv_lens.shape), group, new_rows, cache_len, MASKED)
+        if key != self._key:
+            self._key = key
+            self._held = (kv_lens, mask_bias(kv_lens, group, new_rows, cache_len))
+            self.builds += 1
+        return self._held[1]
 
-    def lengths(self, kv_lens: torch.Tensor) -> torch.Tensor:
-        """kv_lens as the kernel's [b, 1] fp32, converted once while the same lengths come back (every layer
-        of a forward passes one tensor: decode_lengths)."""
-        key = ("lengths", id(kv_lens), -1 if kv_lens.is_inference() else kv_lens._version, kv_lens.shape)
-        held = self._held.get("lengths")
-        if held is None or held[0] != key:
-            held = self._held["lengths"] = (key, kv_lens, kv_lens.to(torch.float32).reshape(-1, 1))
-        return held[2]
 
-    def row_offsets(self, group: int, seq: int, device) -> torch.Tensor:
-        key = ("rows", group, seq, str(device))
-        if key not in self._held:
-            offsets = 1 - seq + torch.arange(seq, dtype=torch.float32, device=device)
-            self._held[key] = offsets.repeat(group).reshape(-1, 1).contiguous()
-        return self._held[key]
+def mask_bias(kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int) -> torch.Tensor:
+    """[batch * bias_rows, cache_len] fp32: 0 where a row sees the position, -MASKED x (how far past its
+    limit) where it does not; row (g, i) of sequence b sees positions < kv_lens[b] - s + i + 1."""
+    device = kv_lens.device
+    offsets = 1 - new_rows + torch.arange(new_rows, dtype=torch.float32, device=device)
+    offsets = offsets.repeat(bias_rows(new_rows, group) // new_rows)  # rows ordered (q head, position)
+    limits = kv_lens.to(torch.float32).reshape(-1, 1, 1) + offsets.reshape(1, -1, 1)
+    positions = torch.arange(cache_len, dtype=torch.float32, device=device).reshape(1, 1, -1)
+    past = (positions - limits + 1.0).clamp_min(0.0)  # 0: visible
+    return (past * -MASKED).reshape(-1, cache_len)
 
 
 CONSTANTS = _Constants()
@@ -188,7 +195,7 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
         )
     dtype, group = query.dtype, q_heads // kv_heads
     rows, device_type = group * seq, _device_type(query)
-    _, config = tile_config("attention_core", seq, dim)
+    _, config = attention_core_config(seq, dim, cache_len)
     chunk = chunk_width(config, cache_len)
     tile_budget.check(
         "attention_core", config, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
@@ -206,15 +213,13 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     q = query.contiguous().reshape(batch * kv_heads * rows, dim)
     k = key_cache.to(dtype).contiguous().reshape(-1, dim)
     v = value_cache.to(dtype).contiguous().reshape(-1, dim)
-    lens = CONSTANTS.lengths(kv_lens)
-    offsets = CONSTANTS.row_offsets(group, seq, query.device)
-    positions = CONSTANTS.positions(cache_len, query.device)
+    bias = CONSTANTS.bias(kv_lens, group, seq, cache_len)
     chunks = -(-cache_len // chunk)
     out = _new_output(q)
     ml_buf = q.new_empty(q.shape[0], 2 * _align(chunks, 8), dtype=torch.float32)
     acc_buf = q.new_empty(q.shape[0], chunks * dim, dtype=torch.float32)
     with _launching(q):
-        kernel(q, k, v, lens, offsets, positions, out, ml_buf, acc_buf)
+        kernel(q, k, v, bias, out, ml_buf, acc_buf)
     # rows (kv head, q head in group, position) -> [b, s, q_heads * d]
     out = out.reshape(batch, q_heads, seq, dim).transpose(1, 2)
     return out.reshape(batch, seq, q_heads * dim)

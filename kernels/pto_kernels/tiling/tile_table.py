@@ -166,11 +166,11 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         act_rows=16,
         pass_settings=((_L1_REUSE, -1, 8),),
     ),
-    # the attention core (pypto_attention.py), 1 row, GutenOCR-3B's heads: 1,024 / 4,096 cached positions
-    # 35,012 / 47,656 cycles (25.6x / 8.7x the K/V bytes' floor: three / four dependent stages, each
-    # starting ~1,000-7,500 cycles after the one before); with the merge run on one chunk too, 39,389 at
-    # 1,024; 512-position chunks 40,701 / 55,936, 256 41,753 / 76,283, 2,048 39,389 / 111,224; scores
-    # k [128, 128] x n [256, 1024] 39,067 / 53,095 (all with the merge)
+    # the attention core (pypto_attention.py), 1 row, GutenOCR-3B's heads, over a cache of several chunks (the
+    # merge runs): 4,096 cached positions 46,013 cycles (8.4x the K/V bytes' floor; 47,656 while the kernel
+    # made its mask from the lengths). Per chunk and kv head: scores in 2 tasks (n 512), softmax, P @ V in
+    # 1 task; smaller tiles spread 4 chunks x 2 heads over more tasks than cores: scores n 256 51,917, P @ V
+    # n 64 49,864; 512-position chunks 53,538, 2,048 53,405 (tile_search.json)
     ("attention_core", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
@@ -180,12 +180,35 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         down_cube_k=(256, 1024),
         down_cube_n=(128, 128),
     ),
+    # the same over a cache of one chunk (at most kv_chunk positions: three stages, no merge): each kv head's
+    # scores in 8 tasks of 128 positions and its P @ V in 4 of 32 output columns, 26 tasks on the 24 cube
+    # cores where the entry above runs 8: 1,024 positions 28,338 cycles (20.8x the K/V floor; the entry
+    # above 32,131, 35,012 with the mask made in the kernel); scores n 256 29,117, P @ V n 64 28,684
+    ("attention_core", "one_chunk", None): TileConfig(
+        row_tile=16,
+        norm_rows=8,
+        kv_chunk=1024,
+        cube_k=(64, 128),
+        cube_n=(128, 128),
+        down_cube_k=(256, 1024),
+        down_cube_n=(32, 32),
+    ),
     # a plain projection (pypto_blocks._build_linear): the cost model's per-op decoder layer only. 1 token,
     # 2048 -> 2048 / 2048 -> 256: 17,995 / 14,714 cycles with k [128, 1024], 32 KiB of L0B; with k
     # [256, 1024] (L0B full) 17,867 / 14,586; with the swiglu entry's (128, 512) tiles and L1 reuse 8:
     # 96,992 (2 tasks); 64-column tiles: 25,519 (32 tasks, 2 waves)
     ("linear", "decode", None): TileConfig(row_tile=16, cube_k=(128, 1024), cube_n=(128, 128)),
 }
+
+
+def attention_core_config(rows: int, width: int, cache_len: int) -> tuple[str, TileConfig]:
+    """The attention core's class and TileConfig: "one_chunk" where the decode entry's chunk holds the whole
+    cache (no merge: the chunk's work is spread over the cores instead), else tile_config's."""
+    klass, config = tile_config("attention_core", rows, width)
+    one_chunk = BLOCK_TILE_TABLE.get(("attention_core", "one_chunk", None))
+    if klass == "decode" and one_chunk is not None and cache_len <= config.kv_chunk:
+        return "one_chunk", one_chunk
+    return klass, config
 
 
 def shape_class(rows: int) -> str:
