@@ -194,6 +194,8 @@ def min_bytes(op: str, params: dict) -> int:
         op == "attention_core"
     ):  # the K and V of every cache position (the floor the issue names): q, out aside
         return BF16_BYTES * 2 * K_HEADS * HEAD_DIM * params["context"]
+    if op == "kv_cache_write":  # the new rows in, the same rows written into the cache
+        return BF16_BYTES * 2 * K_HEADS * rows * HEAD_DIM
     if op == "rms_norm":
         return BF16_BYTES * (2 * rows * params["width"] + params["width"])
     if op == "residual_rms_norm":  # x, residual in; normed, sum out; the weight
@@ -250,6 +252,8 @@ def _sim_child(request: str) -> None:
         _sim_block(op, params, config)
     elif op == "attention_core":
         _sim_core(params, config)
+    elif op == "kv_cache_write":
+        _sim_cache_write(params)
     else:
         raise ValueError(op)
 
@@ -260,6 +264,8 @@ def _table_config(op: str, params: dict, width: int):
 
     if op == "attention_core":
         return attention_core_config(params["rows"], width, params["context"])[1]
+    if op == "kv_cache_write":  # no tiling of the package's: the kernel sets its own
+        return None
     return tile_config(op, params["rows"], width)[1]
 
 
@@ -345,6 +351,36 @@ def _sim_core(params: dict, config) -> None:
     )
 
 
+def _sim_cache_write(params: dict) -> None:
+    """Not a kernel of the package: one static cache's write of a decode step's new rows (each kv head's row
+    at a position read from an int32 tensor inside the kernel), what each of transformers' two `index_copy_`
+    a layer does; simulated as the span of a small kernel of that kind (bench_decode_projection.py)."""
+    from pto_kernels.backends import pypto_kernels
+    from pto_kernels.tiling.tile_table import TileConfig
+
+    pypto, bf16 = pypto_kernels._pypto(), pypto_kernels._dtype(torch.bfloat16)
+    rows, context = params["rows"], params["context"]
+
+    @pypto_kernels._jit("sim", TileConfig(row_tile=rows))
+    def cache_write_kernel(
+        new: pypto.Tensor([K_HEADS * rows, HEAD_DIM], bf16),
+        position: pypto.Tensor([1, 1], pypto.DT_INT32),
+        cache: pypto.Tensor([K_HEADS * context, HEAD_DIM], bf16),
+    ):
+        pypto.set_vec_tile_shapes(rows, HEAD_DIM)
+        for _ in pypto.loop(1):
+            first = position[0, 0]  # a value read from the tensor inside the kernel
+            for head in range(K_HEADS):
+                row = pypto.add(pypto.view(new, [rows, HEAD_DIM], [head * rows, 0]), 0.0)
+                pypto.assemble(row, [head * context + first, 0], cache)
+
+    cache_write_kernel(
+        torch.randn(K_HEADS * rows, HEAD_DIM, dtype=torch.bfloat16),
+        torch.tensor([[context - rows]], dtype=torch.int32),
+        torch.zeros(K_HEADS * context, HEAD_DIM, dtype=torch.bfloat16),
+    )
+
+
 # --- reading pypto's reports -------------------------------------------------------------------------
 
 
@@ -406,6 +442,8 @@ def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None
     from pto_kernels.tiling import tile_budget
     from pto_kernels.tiling.tile_table import TileConfig
 
+    if op == "kv_cache_write":  # no matmul
+        return None
     if config is None:
         width = {"rms_norm": params.get("width", TEXT), "attention_core": HEAD_DIM}.get(op, TEXT)
         config = _table_config(op, params, width)

@@ -36,6 +36,7 @@ _PREFILL_TILES = {"cube_k": (128, 512), "cube_n": (128, 256), "act_rows": 16}
 # The decoder-layer blocks at decode: every matmul (o_proj or q/k/v, gate/up, down) with one tiling
 _BLOCK = {"row_tile": 16, "norm_rows": 8}
 _MLP_BLOCK_MERGE = {"pass_settings": ((_L1, -1, 8), (_L1, 0, 1))}
+_ONE_ROW = {"row_tile": 1, "static": True, "norm_rows": 1}
 # the attention core: 1,024-position chunks; the scores' k tiles and P @ V's k tiles as the decode entry
 _CORE = {"row_tile": 16, "norm_rows": 8, "kv_chunk": 1024, "cube_k": (64, 128), "down_cube_k": (256, 1024)}
 
@@ -148,6 +149,37 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(
                 **_BLOCK,
                 **_MLP_BLOCK_MERGE,
+                **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
+            ),
+        ],
+    ),
+    # mlp_block for exactly 1 row (batch-1 decode, the OCR case) as a static 1-row kernel: its norm, SwiGLU
+    # activation and residual tasks work on 1-row tiles, where the decode kernel's run over 8- and 16-row
+    # ones (two 8-row norm tiles in one task) whatever the valid rows
+    ("mlp_block", "one_row", None): (
+        [{"rows": 1}],
+        [
+            TileConfig(
+                **_ONE_ROW,
+                **_MLP_BLOCK_MERGE,
+                **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
+            ),  # the decode entry's matmul tiles
+            TileConfig(**_ONE_ROW, **_MLP_BLOCK_MERGE, **_all_matmuls((128, 1024), (128, 128))),  # L0B 32 KiB
+            TileConfig(**_ONE_ROW, **_MLP_BLOCK_MERGE, **_all_matmuls((256, 1024), (128, 128))),  # L0B full
+            TileConfig(
+                **_ONE_ROW,
+                **_MLP_BLOCK_MERGE,
+                **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
+                act_cols=1376,
+            ),
+            TileConfig(
+                **_ONE_ROW,
+                pass_settings=((_L1, -1, 4), (_L1, 0, 1)),
+                **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
+            ),
+            TileConfig(
+                **_ONE_ROW,
+                pass_settings=((_L1, -1, 16), (_L1, 0, 1)),
                 **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
             ),
         ],

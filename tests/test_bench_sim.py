@@ -207,7 +207,10 @@ def test_each_kernel_row_names_its_largest_tiles_and_whether_they_fit():
     from pto_kernels.tiling.tile_table import TileConfig
 
     assert bench_sim.buffer_use("rms_norm", {"rows": 1, "width": 2048}) is None  # no matmul
-    assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 288, "l0b_kib": 64, "fits": True}
+    assert bench_sim.buffer_use("kv_cache_write", {"rows": 1, "context": 1024}) is None
+    assert bench_sim.buffer_use("mlp_block", {"rows": 4}) == {"l1_kib": 288, "l0b_kib": 64, "fits": True}
+    # 1 row: the one_row kernel's tiles, room for a second tile in L0B
+    assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 288, "l0b_kib": 32, "fits": True}
     over = TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 256))
     assert bench_sim.buffer_use("mlp_block", {"rows": 1}, asdict(over)) == {
         "l1_kib": 544,

@@ -378,6 +378,7 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     spans = {"attention_prologue": 20.0, "mlp_block": 120.0, "rms_norm": 2.0, "mrope": 7.0}
     spans |= {"swiglu_mlp": 125.0, "linear_2048_2048": 10.0, "linear_2048_256": 8.0, "linear_lm_head": 350.0}
     spans |= {"attention_core_1024": 22.0, "attention_core_4096": 30.0}  # the simulated core per context
+    spans |= {"kv_cache_write": 1.5}  # the proxy for the kernels of the step that are torch's
     out = projection.project(
         spans, context=1024, launch_us=10.0, launches={"blocks": 200, "baseline": 1000}, soc=soc
     )
@@ -392,6 +393,10 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     assert blocks["modeled_kernels"] == 36 * 3 + 2
     assert blocks["eager_modeled_launches_ms"] == pytest.approx((captured_us + 110 * 10.0) / 1e3, abs=1e-3)
     assert blocks["eager_all_launches_ms"] == pytest.approx((captured_us + 200 * 10.0) / 1e3, abs=1e-3)
+    # the 90 kernels of the 200 not modeled, apart from the headline, each at the proxy's span
+    assert blocks["other_kernels"] == 90
+    assert blocks["captured_with_others_ms"] == pytest.approx((captured_us + 90 * 1.5) / 1e3, abs=1e-3)
+    assert out["captured_blocks_with_others_over_weight_floor"] > out["captured_blocks_over_weight_floor"]
     per_op = out["variants"]["per_op"]
     assert per_op["layer_kernels_us"] == pytest.approx(2 * 2.0 + 2 * 10.0 + 2 * 8.0 + 7.0 + 125.0)
     assert out["baseline_launches_only_ms"] == pytest.approx(10.0)

@@ -126,6 +126,8 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
     rows_axis = _row_axis(config, rows)
     tile = config.row_tile
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
+    if config.static:  # at least two o_proj output tiles: see _split_output_tiles
+        proj_n = _split_output_tiles(proj_n, hidden)
 
     norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
 
@@ -167,6 +169,14 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
             pypto.assemble(pypto.cast(result, dt), [start, 0], out)
 
     return mlp_block_kernel
+
+
+def _split_output_tiles(n_tiles: list[int], width: int) -> list[int]:
+    """n tiles of at most half the output width. pypto 0.2 refuses a static kernel whose matmul writes its
+    whole output as one tile that is then assembled into global memory (its PreGraphProcess pass: "A_MUL_B
+    output is NOT L0C"); mlp_block's 1-row kernel hit it at hidden 64 and 128, not at 256 and up."""
+    half = max(16, width // 2)
+    return [min(n, half) for n in n_tiles]
 
 
 def mlp_block(

@@ -132,6 +132,24 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         proj_cube_n=(128, 128),
         pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
     ),
+    # 1 token (batch-1 decode, the OCR case), one kernel for exactly 1 row: 202,533 cycles (1.08x its floor;
+    # the 16-row entry above 221,539). Its norm task normalises one row where the decode kernel's runs two
+    # 8-row tiles whatever the valid rows (12,794 cycles), and its activation and residual tasks copy 1-row
+    # tiles. Every matmul k [128, 1024] x n [128, 128] (L0B 32 KiB); the decode entry's tiles 202,855, all
+    # at k [256, 1024] 203,377, activation tiles of 1,376 columns 204,767, L1 reuse 4 / 16: 212,496 /
+    # 267,940 (tile_search.json)
+    ("mlp_block", "one_row", None): TileConfig(
+        row_tile=1,
+        static=True,
+        norm_rows=1,
+        cube_k=(128, 1024),
+        cube_n=(128, 128),
+        down_cube_k=(128, 1024),
+        down_cube_n=(128, 128),
+        proj_cube_k=(128, 1024),
+        proj_cube_n=(128, 128),
+        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
+    ),
     # prefill entries: the shapes of the swiglu_mlp prefill entry, not searched further. 128 tokens:
     # 385,013 cycles (2.04x; the SwiGLU kernel alone: 309,716); the norm as one task: 505,060
     ("mlp_block", "prefill", None): TileConfig(
