@@ -110,3 +110,41 @@ def test_compiled_static_cache_verify_meets_the_same_bound_under_each_release(
     for mode in report["compilation"]["modes"].values():
         assert mode["graphs"] <= 2 and list(mode["decode_graphs"].values()) == [1], (release, mode)
     assert report["accuracy"]["token_match_rate"] == 1.0, (release, report["accuracy"])
+
+
+# how a run decodes: eager over transformers' growing cache, compiled over a static cache, graph decode
+DECODE_MODES = {
+    "eager": [],
+    "compiled-static": ["--use_compile", "--backend", "eager", "--cache", "static"],
+    "graph": ["--use_acl_graph"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decoding", list(DECODE_MODES))
+def test_the_whole_decode_layer_verifies_under_each_release(decoding, patched_under_release, tmp_path: Path):
+    """`--ops all`: the blocks and the attention core (batch 1: the core takes every decode step's attention)
+    pass verify under each release, eager, compiled and as graph decode (decode captured once)."""
+    release, site, folder = patched_under_release
+    done, graphs = cli(
+        site,
+        tmp_path,
+        ["verify", "--model-path", str(folder), "--use_pto", "--ops", "all", *DECODE_MODES[decoding], *FAST],
+    )
+    report = report_of(release, done)
+    assert done.returncode == 0 and report["passed"], (release, decoding, report["failures"])
+    assert report["versions"]["transformers"] == release
+    core = report["pto"]["ops"]["attention_core"]
+    assert core["calls"] > 0 and core["fallbacks"] == 0, (release, decoding, core)
+    assert report["accuracy"]["token_match_rate"] == 1.0, (release, decoding, report["accuracy"])
+    if decoding == "eager":
+        assert graphs == [] and not report.get("compilation"), (release, report.get("compilation"))
+        return
+    mode = report["compilation"]["modes"]["pto"]
+    assert list(mode["decode_graphs"].values()) == [1] and mode["timed_graphs"] == 0, (release, mode)
+    if decoding == "graph":
+        captured = mode["capture"]["graphs"][-1]["graph_ops"]
+        assert {"attention_prologue", "attention_core", "mlp_block"} <= set(captured), (release, captured)
+        assert 1 <= len(graphs) <= 2 * 2, (release, graphs)
+    else:
+        assert graphs == []  # torchair was never asked
