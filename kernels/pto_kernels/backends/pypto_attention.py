@@ -22,7 +22,9 @@ they are, so a chunk with no visible position has m_c ~ -1e30 and weight 0 in th
 least its own position). The kernel reads the bias once per chunk and task, where making the mask inside
 it cost the softmax task two more copies from global memory (the lengths and the positions), ~1,400
 cycles each in the cost model. The chunk count is fixed by the cache length: the kernel reads the whole
-static cache, valid or not (pypto 0.2 has no loop whose bound is a tensor's value).
+static cache, valid or not. pypto 0.2 can read an int32 value from a tensor inside a kernel (`t[0, 0]`) and
+use it as a loop bound or an offset (both checked in its CPU interpreter), so a kernel that stops at the
+valid chunks is possible; the merge would then have to leave out the chunks never computed.
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
