@@ -182,6 +182,10 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
                 pass_settings=((_L1, -1, 16), (_L1, 0, 1)),
                 **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
             ),
+            # a dynamic row axis of 1-row tiles (one kernel for every row count, each row a loop step)
+            TileConfig(
+                **_ONE_ROW | {"static": False}, **_MLP_BLOCK_MERGE, **_all_matmuls((128, 1024), (128, 128))
+            ),
         ],
     ),
     ("attention_prologue", "decode", None): (
@@ -201,6 +205,7 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(**_CORE, cube_n=(512, 1024), down_cube_n=(64, 64)),
             TileConfig(**_CORE | {"kv_chunk": 512}, cube_n=(512, 1024), down_cube_n=(128, 128)),
             TileConfig(**_CORE | {"kv_chunk": 2048}, cube_n=(512, 1024), down_cube_n=(128, 128)),
+            TileConfig(**_CORE, cube_n=(128, 128), down_cube_n=(32, 32)),  # the one_chunk entry's tiles
         ],
     ),
     ("attention_core", "one_chunk", None): (

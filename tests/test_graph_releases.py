@@ -123,8 +123,9 @@ DECODE_MODES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("decoding", list(DECODE_MODES))
 def test_the_whole_decode_layer_verifies_under_each_release(decoding, patched_under_release, tmp_path: Path):
-    """`--ops all`: the blocks and the attention core (batch 1: the core takes every decode step's attention)
-    pass verify under each release, eager, compiled and as graph decode (decode captured once)."""
+    """`--ops all`: the blocks and the attention core (batch 1: the core takes the decode steps' attention)
+    pass verify under each release, eager, compiled and as graph decode (decode captured once), on the
+    backend `auto` picks here (fused: the pypto kernels themselves are run by tests/kernels)."""
     release, site, folder = patched_under_release
     done, graphs = cli(
         site,

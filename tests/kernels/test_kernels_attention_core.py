@@ -276,6 +276,8 @@ def test_the_pypto_mask_bias_is_made_once_per_forward():
     constants.bias(kv_lens, 8, 2, 64)  # another row count
     constants.bias(torch.tensor([21]), 8, 2, 64)  # other lengths of the same value: made again, never trusted
     assert constants.builds == 4
+    assert constants.bias(kv_lens, 8, 2, 128).shape == (16, 128) and constants.builds == 5  # another cache
+    assert constants.bias(kv_lens, 4, 2, 128).shape == (8, 128) and constants.builds == 6  # another group
 
 
 def test_a_cache_of_one_chunk_spreads_the_chunk_over_the_cores():

@@ -23,7 +23,7 @@ least its own position). The kernel reads the bias once per chunk and task, wher
 it cost the softmax task two more copies from global memory (the lengths and the positions), ~1,400
 cycles each in the cost model. The chunk count is fixed by the cache length: the kernel reads the whole
 static cache, valid or not. pypto 0.2 can read an int32 value from a tensor inside a kernel (`t[0, 0]`) and
-use it as a loop bound or an offset (both checked in its CPU interpreter), so a kernel that stops at the
+use it as a loop bound or an offset (test_kernels_pypto_tensor_values.py), so a kernel that stops at the
 valid chunks is possible; the merge would then have to leave out the chunks never computed.
 """
 
@@ -154,7 +154,9 @@ def _chunk_weights(tops):
 
 class _Constants:
     """The kernel's mask bias, made once while the same lengths come back (every layer of a forward passes
-    one lengths tensor: decode_lengths)."""
+    one lengths tensor: decode_lengths, which makes a new one each forward). A lengths tensor changed in
+    place is seen by its version counter, which an inference-mode tensor lacks: a caller that changes one
+    in place under torch.inference_mode must pass a new tensor instead."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None

@@ -199,8 +199,8 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
         down_cube_n=(128, 128),
     ),
     # the same over a cache of one chunk (at most kv_chunk positions: three stages, no merge): each kv head's
-    # scores in 8 tasks of 128 positions and its P @ V in 4 of 32 output columns, 26 tasks on the 24 cube
-    # cores where the entry above runs 8: 1,024 positions 28,338 cycles (20.8x the K/V floor; the entry
+    # scores in 8 tasks of 128 positions and its P @ V in 4 of 32 output columns, 24 cube tasks on the 24
+    # cube cores where the entry above runs 6: 1,024 positions 28,338 cycles (20.8x the K/V floor; the entry
     # above 32,131, 35,012 with the mask made in the kernel); scores n 256 29,117, P @ V n 64 28,684
     ("attention_core", "one_chunk", None): TileConfig(
         row_tile=16,
