@@ -116,7 +116,7 @@ def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc:
         "weight_floor_ms": round(weight_floor, 3),
         "weight_and_kv_floor_ms": round(weight_floor + kv_floor, 3),
         "captured_blocks_over_weight_floor": round(blocks["captured_ms"] / weight_floor, 3),
-        "other_kernel_proxy_us": round(spans_us["kv_cache_write"], 2),
+        "other_kernel_proxy_us": round(proxy_us, 2),
         "captured_blocks_with_others_over_weight_floor": round(
             blocks["captured_with_others_ms"] / weight_floor, 3
         ),
@@ -129,8 +129,6 @@ def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc:
 def _key(op: str, params: dict) -> str:
     if op == "attention_core":
         return f"attention_core_{params['context']}"
-    if op == "kv_cache_write":
-        return op
     if op == "linear":
         return "linear_lm_head" if params["out"] == VOCAB else f"linear_{params['in']}_{params['out']}"
     return op

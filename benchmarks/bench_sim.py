@@ -226,14 +226,12 @@ def _sim_child(request: str) -> None:
 
     op, params, config = json.loads(request)
     bf16, rows = torch.bfloat16, params["rows"]
-    width = {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM, "attention_core": HEAD_DIM}.get(
-        op, TEXT
-    )
     if config is None:
-        config = _table_config(op, params, width)
+        config = _table_config(op, params)
     else:
         config = TileConfig.from_dict(config)
     if op == "rms_norm":
+        width = _width(op, params)
         kernel = pypto_kernels._build_rms_norm(rows, width, bf16, 1e-6, config, "sim")
         x = torch.randn(rows, width, dtype=bf16)
         kernel(x, torch.ones(1, width, dtype=bf16), torch.empty_like(x))
@@ -258,10 +256,19 @@ def _sim_child(request: str) -> None:
         raise ValueError(op)
 
 
-def _table_config(op: str, params: dict, width: int):
-    """The TileConfig the kernel package picks for this call (the attention core's depends on its cache)."""
+def _width(op: str, params: dict) -> int:
+    """The width a kernel's tiling is looked up by: the normalised width, head_dim, else the hidden size."""
+    return {"rms_norm": params.get("width", TEXT), "mrope": HEAD_DIM, "attention_core": HEAD_DIM}.get(
+        op, TEXT
+    )
+
+
+def _table_config(op: str, params: dict):
+    """The TileConfig the kernel package picks for this call (the attention core's depends on its cache);
+    None for the cache-write proxy, which sets its own."""
     from pto_kernels.tiling.tile_table import attention_core_config, tile_config
 
+    width = _width(op, params)
     if op == "attention_core":
         return attention_core_config(params["rows"], width, params["context"])[1]
     if op == "kv_cache_write":  # no tiling of the package's: the kernel sets its own
@@ -442,13 +449,9 @@ def buffer_use(op: str, params: dict, config: dict | None = None) -> dict | None
     from pto_kernels.tiling import tile_budget
     from pto_kernels.tiling.tile_table import TileConfig
 
-    if op == "kv_cache_write":  # no matmul
+    config = _table_config(op, params) if config is None else TileConfig.from_dict(config)
+    if config is None:  # the cache-write proxy: no matmul
         return None
-    if config is None:
-        width = {"rms_norm": params.get("width", TEXT), "attention_core": HEAD_DIM}.get(op, TEXT)
-        config = _table_config(op, params, width)
-    else:
-        config = TileConfig.from_dict(config)
     tiles = tile_budget.cube_tiles(op, config)
     if not tiles:
         return None

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 
 
-def _version(tensor: torch.Tensor) -> int:
+def version_of(tensor: torch.Tensor) -> int:
+    """A tensor's version counter, -1 for an inference tensor (torch.inference_mode), which has none: it
+    cannot be changed in place outside inference mode."""
     return -1 if tensor.is_inference() else tensor._version
 
 
@@ -46,7 +48,7 @@ class _Lengths:
         if attention_mask is None:  # the lengths are the keys': the same for every layer of a forward
             key = (None, keys.shape[0], keys.shape[2], keys.device)
         else:
-            key = (id(attention_mask), _version(attention_mask), tuple(attention_mask.shape), keys.shape[2])
+            key = (id(attention_mask), version_of(attention_mask), tuple(attention_mask.shape), keys.shape[2])
         if key != self._key:
             self._key, self._held = key, (attention_mask,)
             self._value = count(attention_mask, keys)

@@ -30,12 +30,6 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-
     return weight * normed.to(hidden_states.dtype)
 
 
-def _version(tensor: torch.Tensor) -> int:
-    # Inference tensors (torch.inference_mode) have no version counter; they cannot be changed in
-    # place outside inference mode, and the rotary embedding makes new ones every forward.
-    return -1 if tensor.is_inference() else tensor._version
-
-
 class _MixedTableCache:
     """Section-mixed cos/sin tables, built once per forward and reused by every decoder layer.
 
@@ -52,8 +46,8 @@ class _MixedTableCache:
 
     def get(self, cos: torch.Tensor, sin: torch.Tensor, section: tuple[int, ...] | None, unsqueeze_dim: int):
         key = (
-            _version(cos),
-            _version(sin),
+            decode_lengths.version_of(cos),  # the rotary embedding makes new ones every forward
+            decode_lengths.version_of(sin),
             tuple(cos.shape),
             cos.dtype,
             cos.device,

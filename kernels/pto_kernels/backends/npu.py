@@ -61,8 +61,8 @@ class _RopeTableCache:
     def get(self, cos, sin, unsqueeze_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin: fused.MIXED_TABLES' mixed tables (the same tensors for every layer of a forward)."""
         key = (
-            fused._version(cos),
-            fused._version(sin),
+            decode_lengths.version_of(cos),
+            decode_lengths.version_of(sin),
             tuple(cos.shape),
             cos.dtype,
             cos.device,
@@ -131,7 +131,7 @@ class _MergedGateUp:
 
     def get(self, gate_weight, gate_bias, up_weight, up_bias):
         key = (
-            fused._version(gate_weight), fused._version(up_weight), gate_weight.data_ptr(), up_weight.data_ptr(),
+            decode_lengths.version_of(gate_weight), decode_lengths.version_of(up_weight), gate_weight.data_ptr(), up_weight.data_ptr(),
             gate_weight.dtype, gate_weight.device,
         )  # fmt: skip
         entry = self._entries.get(id(gate_weight))

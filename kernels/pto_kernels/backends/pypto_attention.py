@@ -164,7 +164,7 @@ class _Constants:
         self.builds = 0
 
     def bias(self, kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int) -> torch.Tensor:
-        version = -1 if kv_lens.is_inference() else kv_lens._version
+        version = decode_lengths.version_of(kv_lens)
         key = (id(kv_lens), version, tuple(kv_lens.shape), group, new_rows, cache_len, MASKED)
         if key != self._key:
             self._key = key
