@@ -176,6 +176,7 @@ def _weight_elements(op: str, params: dict) -> int:
         "swiglu_mlp": mlp,
         "mlp_block": o_proj + mlp,
         "attention_prologue": qkv,
+        "prologue_bound": qkv,  # judged against the prologue's floor (benchmarks/prologue_bound.py)
         "linear": params.get("out", 0) * params.get("in", 0),
         "decoder_layer/per_op": qkv + o_proj + mlp,
         "decoder_layer/fused": qkv + o_proj + mlp,
@@ -208,7 +209,7 @@ def min_bytes(op: str, params: dict) -> int:
         return BF16_BYTES * (weights + rows * (params["in"] + params["out"]))
     if op == "mlp_block":  # residual, attention output in; out; the norm weight
         return BF16_BYTES * (weights + 3 * rows * TEXT + TEXT)
-    if op == "attention_prologue":  # x, mixed cos/sin in; q, k, v out; the norm weight and the biases
+    if op in ("attention_prologue", "prologue_bound"):  # x, mixed cos/sin in; q, k, v out; norm w, biases
         qkv_width = Q_HEADS * HEAD_DIM + 2 * KV_WIDTH
         return BF16_BYTES * (weights + rows * (TEXT + 2 * HEAD_DIM + qkv_width) + TEXT + qkv_width)
     if op.startswith("decoder_layer/"):  # the layer's weights (the floor the issue names), its input once
@@ -252,6 +253,10 @@ def _sim_child(request: str) -> None:
         _sim_core(params, config)
     elif op == "kv_cache_write":
         _sim_cache_write(params)
+    elif op == "prologue_bound":
+        import prologue_bound
+
+        prologue_bound.sim_probe(params, config)
     else:
         raise ValueError(op)
 
@@ -269,6 +274,8 @@ def _table_config(op: str, params: dict):
     from pto_kernels.tiling.tile_table import attention_core_config, tile_config
 
     width = _width(op, params)
+    if op == "prologue_bound":  # attention_prologue's matmuls and tiling, another epilogue
+        op = "attention_prologue"
     if op == "attention_core":
         return attention_core_config(params["rows"], width, params["context"])[1]
     if op == "kv_cache_write":  # no tiling of the package's: the kernel sets its own

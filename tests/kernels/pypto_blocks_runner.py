@@ -137,9 +137,32 @@ def main(out_path: str) -> None:
         with pypto_kernels._quiet_stdout("cpu"):
             kernel(x, weight, out)
         results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
+        results |= prologue_probes(make_inputs("bfloat16", "decode", 403))
         results |= dispatched(make_inputs("float32", "rows6", 402))
     stats = pypto_kernels.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
+
+
+def prologue_probes(i: dict) -> dict:
+    """benchmarks/prologue_bound.py's probes (the prologue's q/k/v matmuls, another epilogue) at 1 row with
+    the prologue's 1-row tiling: checked too, so the bound they measure is of kernels that do the matmuls."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import prologue_bound
+
+    x = i["hidden_states"].reshape(-1, HIDDEN)
+    weights = [i[f"{name}_weight"] for name in ("q", "k", "v")]
+    head_dim = HEADS["bfloat16"][0]
+    config = tile_config("attention_prologue", x.shape[0], HIDDEN)[1]
+    out = {}
+    for epilogue in prologue_bound.EPILOGUES:
+        kernel = prologue_bound.build_probe(
+            x.shape[0], HIDDEN, Q_HEADS, K_HEADS, head_dim, epilogue, config, "cpu"
+        )
+        outs = [torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype) for w in weights]
+        with pypto_kernels._quiet_stdout("cpu"):
+            kernel(x, *weights, *outs)
+        out[f"prologue_bound/{epilogue}"] = {"inputs": {"x": x, "weights": weights}, "output": outs}
+    return out
 
 
 def _linear(weight, bias=None):

@@ -121,6 +121,24 @@ def test_the_cost_models_plain_linear_kernel(results):
     gc.check_close(result["output"], x.double() @ weight.double().T, torch.bfloat16, "linear")
 
 
+@pytest.mark.parametrize("epilogue", ["none", "per_head", "one_task"])
+def test_the_prologue_bound_probes_do_the_matmuls(epilogue, results):
+    """benchmarks/prologue_bound.py's probes: every output column is x @ W^T, so their spans are of kernels
+    that do the prologue's matmuls; a probe that skipped a head or a projection would fail here."""
+    result = results["results"][f"prologue_bound/{epilogue}"]
+    x, weights = result["inputs"]["x"], result["inputs"]["weights"]
+    for name, w, out in zip("qkv", weights, result["output"], strict=True):
+        gc.check_close(out, x.double() @ w.double().T, torch.bfloat16, f"probe {epilogue} {name}")
+
+
+def test_the_probe_check_fails_on_a_skipped_head(results):
+    result = results["results"]["prologue_bound/per_head"]
+    x, w, out = result["inputs"]["x"], result["inputs"]["weights"][0], result["output"][0].clone()
+    out[:, : out.shape[1] // 4] = 0  # one of four q heads never written
+    with pytest.raises(AssertionError):
+        gc.check_close(out, x.double() @ w.double().T, torch.bfloat16, "probe with a head skipped")
+
+
 @pytest.mark.parametrize("entry", runner.ENTRIES)
 def test_a_sabotaged_call_fails_the_check(entry, results):
     """A wrong weight, gate and up swapped, sections reversed, cos and sin swapped: the same check fails."""
