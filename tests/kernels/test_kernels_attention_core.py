@@ -196,6 +196,39 @@ def test_lengths_are_read_from_every_mask_form():
     ]  # 2-D padding mask
 
 
+def test_without_a_mask_several_rows_are_the_valid_prefix():
+    """sdpa runs several new rows without a mask as `is_causal`, aligned to the keys' start: a static cache's
+    short prefill (9 rows, 12 positions) sees 9 positions, not the 3 never written after them."""
+    from pto_kernels.backends import decode_lengths
+
+    keys = torch.zeros(1, 2, 12, 8)
+    assert decode_lengths.count(None, keys, 9).tolist() == [9]
+    assert decode_lengths.count(None, keys, 1).tolist() == [12]  # one row sees every key
+    assert decode_lengths.count(None, torch.zeros(1, 2, 9, 8), 9).tolist() == [9]  # a growing cache
+
+
+@pytest.mark.parametrize("backend", ["reference", "fused"])
+def test_a_static_cache_prefill_without_a_mask_matches_sdpa_is_causal(backend, monkeypatch):
+    """What transformers computes for a short prefill into a static cache (sdpa, no mask, is_causal): the
+    op must match it; counting every cache position as valid (the tail is zeros) would not."""
+    from pto_kernels.backends import decode_lengths, fused, reference
+
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 9, 16, generator=gen)
+    keys, values = torch.zeros(1, 2, 12, 16), torch.zeros(1, 2, 12, 16)
+    keys[:, :, :9], values[:, :, :9] = torch.randn(2, 1, 2, 9, 16, generator=gen)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, is_causal=True, enable_gqa=True
+    ).transpose(1, 2).reshape(1, 9, 64)
+    module = reference if backend == "reference" else fused
+    monkeypatch.setattr(decode_lengths, "LENGTHS", decode_lengths._Lengths())
+    out = module.attention_core_masked(q, keys, values, None, 16**-0.5)
+    torch.testing.assert_close(out, expected)
+    every_position = torch.full((1,), 12)
+    wrong = module.attention_core(q, keys, values, every_position, 16**-0.5)
+    assert not torch.allclose(wrong, expected, atol=1e-3)
+
+
 def test_lengths_are_counted_once_per_mask():
     from pto_kernels.backends.decode_lengths import _Lengths
 

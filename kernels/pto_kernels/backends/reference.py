@@ -278,5 +278,5 @@ def attention_core(
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
     """attention_core with each sequence's length read from the attention mask the model built
     (decode_lengths.count; uncached: this is also the op's fake, run on fake tensors)."""
-    kv_lens = decode_lengths.count(attention_mask, key_cache)
+    kv_lens = decode_lengths.count(attention_mask, key_cache, query.shape[2])
     return attention_core(query, key_cache, value_cache, kv_lens, scale)
