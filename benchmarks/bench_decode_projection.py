@@ -1,7 +1,7 @@
 """What one decode step would cost on a 910B, on paper: the PyPTO cost model's kernel spans, summed.
 
     python benchmarks/bench_decode_projection.py [--json out.json] [--contexts 1024,4096] [--launch-us 16.8]
-                                                 [--launches 196] [--timeout S]
+                                                 [--launches 167] [--timeout S]
 
 A projection, not a measurement: nothing here runs on a device. One decode step of GutenOCR-3B at
 batch 1 (widths as bench_sim.py: hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, vocabulary 151,936):
@@ -11,18 +11,21 @@ batch 1 (widths as bench_sim.py: hidden 2048, MLP 11008, 16 q / 2 kv heads of 12
   cache of each of `--contexts` positions (1 new row, GutenOCR-3B's 16 q / 2 kv heads of 128), beside the
   floor of reading its K and V once at the model's bandwidth; nothing is estimated;
 - the final RMSNorm (1 x 2048) and the lm_head as one plain matmul kernel (2048 -> 151,936), simulated.
-Those are the package's kernels, and the headline. A blocks step dispatches more (`--launches`, 196): the
-two KV-cache writes a layer (transformers' `index_copy_`) and a dozen per-step ops (embedding, rotary tables,
-mask, lengths), torch's, which the cost model cannot run. A last line adds them, each at the span of a
-small PyPTO kernel that writes one cache's new rows (bench_sim's `kv_cache_write`, simulated): a proxy,
-printed apart from the headline.
+Over the static cache a captured step decodes over, the blocks' prologue is the kernel that also writes
+the step's k and v into the cache (`attention_prologue_cached`, simulated; transformers' cache update does
+not run). Those are the package's kernels, and the headline. A blocks step dispatches more (`--launches`,
+167): each layer's cache length advanced in place (one `add_` a layer, transformers 5.8 - 5.25) and a few
+dozen per-step ops (embedding, rotary tables, mask, lengths), torch's, which the cost model cannot run. A
+last line adds them, each at the span of a small PyPTO kernel that writes one cache's new rows
+(bench_sim's `kv_cache_write`, simulated): a proxy, printed apart from the headline.
 
 Printed per layer variant, in ms per token:
 - captured (ACL graph): the kernels back to back, no host launch between them: the sum of the spans;
 - eager: the same plus a launch cost per kernel, `--launch-us` (pypto-gym measured 16.8 us on a 910B
   for one small PyPTO RMSNorm kernel: another kernel, the order of magnitude of a launch), for the
-  modeled kernels only and for every kernel the step dispatches (`--launches`: 196 in blocks mode on 36
-  layers, 1,461 for the baseline, as `bench_launches.py --layers 2,36` counted them);
+  modeled kernels only and for every kernel the step dispatches (`--launches`: 167 with the blocks and the
+  core on 36 layers over the static cache, 196 over the growing one, 1,461 for the baseline, as
+  `bench_launches.py --layers 2,36 [--cache static]` counted them);
 beside the seed's 90 ms a token (the reference's 11.1 tok/s on a 910B), the weight-streaming floor (the
 decoder's and the tied lm_head's weights once at the model's bandwidth, about 4.4 ms) and the floor with
 the 36 layers' K and V caches read once as well.
@@ -44,7 +47,10 @@ LAYERS = 36
 VOCAB = 151_936
 SEED_MS = 90.0  # the reference's baseline on a 910B: 11.1 tok/s at batch 1
 LAUNCH_US = 16.8  # pypto-gym: one 1x2048 PyPTO RMSNorm kernel on a 910B, end to end
-STEP_LAUNCHES = {"blocks": 196, "baseline": 1461}  # bench_launches.py --layers 2,36, README
+# bench_launches.py --layers 2,36: the blocks and the core over the static cache a captured step decodes
+# over (--cache static, transformers 5.8 - 5.25; 131 under 4.57 - 5.0, whose cache keeps no length of its
+# own to advance), the baseline over the growing one
+STEP_LAUNCHES = {"blocks": 167, "baseline": 1461}
 FINAL = [("rms_norm", {"width": bench_sim.TEXT}), ("linear", {"out": VOCAB, "in": bench_sim.TEXT})]
 CONTEXTS = (1024, 4096)
 
@@ -53,7 +59,11 @@ def kernels_to_simulate(rows: int, contexts=CONTEXTS) -> list[tuple[str, dict]]:
     wanted = []
     cores = [("attention_core", {"context": c}) for c in contexts]
     others = [("kv_cache_write", {"context": contexts[0]})]  # the proxy for the kernels not ours
+    # over the static cache the prologue writes the step's k and v itself (its cache's length does not
+    # change its work: simulated once)
+    cached = [("attention_prologue_cached", {"context": contexts[0]})]
     kernels = bench_sim.LAYER_KERNELS["fused"] + bench_sim.LAYER_KERNELS["per_op"] + FINAL + cores + others
+    kernels += cached
     for op, params in kernels:
         entry = (op, {"rows": rows} | params)
         if entry not in wanted:
@@ -83,7 +93,8 @@ def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc:
     attention_us = spans_us[f"attention_core_{context}"]
     variants = {}
     for variant, kernels in bench_sim.LAYER_KERNELS.items():
-        layer_us = sum(spans_us[_key(op, params)] for op, params in kernels)
+        # a captured step decodes over the static cache: the blocks' prologue is the one writing it
+        layer_us = sum(spans_us[_key(op, params, cached=variant == "fused")] for op, params in kernels)
         step_us = LAYERS * (layer_us + attention_us) + norm_us + lm_head_us
         modeled = LAYERS * (len(kernels) + 1) + 2  # the layer's kernels and its attention core; norm, lm_head
         variants[variant] = {
@@ -126,7 +137,9 @@ def project(spans_us: dict, context: int, launch_us: float, launches: dict, soc:
     }
 
 
-def _key(op: str, params: dict) -> str:
+def _key(op: str, params: dict, cached: bool = False) -> str:
+    if op == "attention_prologue" and cached:
+        return "attention_prologue_cached"
     if op == "attention_core":
         return f"attention_core_{params['context']}"
     if op == "linear":
@@ -196,7 +209,7 @@ def _print(projection: dict, soc: dict, args) -> None:
         f"the baseline's {STEP_LAUNCHES['baseline']} launches alone: {projection['baseline_launches_only_ms']:.2f} ms"
     )
     print(
-        f"with the {fused['other_kernels']} other kernels a blocks step dispatches (KV-cache writes, per-step ops;"
+        f"with the {fused['other_kernels']} other kernels a blocks step dispatches (cache lengths, per-step ops;"
         f" torch's, not simulated: each at a {projection['other_kernel_proxy_us']} us PyPTO cache write, a"
         f" proxy): captured {fused['captured_with_others_ms']:.2f} ms"
         f" ({projection['captured_blocks_with_others_over_weight_floor']:.2f}x the weight floor)"

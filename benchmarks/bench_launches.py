@@ -1,6 +1,7 @@
 """Kernels per decode step: how many launches one generated token costs, baseline against PTO mode.
 
-    python benchmarks/bench_launches.py [--model qwen3_vl_4b_instruct] [--layers 2,36] [--backend fused|npu] [--json out.json]
+    python benchmarks/bench_launches.py [--model qwen3_vl_4b_instruct] [--layers 2,36] [--backend fused|npu]
+        [--cache dynamic|static] [--json out.json]
 
 For each layer count, builds `make-tiny --layers N` (random weights, the spec's narrow test widths: what
 is counted does not depend on the widths), applies the patch, loads the model as users do (transformers'
@@ -22,6 +23,10 @@ inside it. Two counts per mode: every aten op dispatched, and kernels, the ops t
 only changes a tensor's metadata: on an NPU it launches nothing). Per layer: the difference between the
 largest and the smallest layer count, over the difference in layers (what is outside the decoder layers,
 embedding, rotary tables, final norm, lm_head, cancels). Prints a table; asserts nothing.
+
+`--cache static` counts the step over transformers' StaticCache (what compiled and graph runs decode over):
+there the prologue writes the step's keys and values into the cache itself (static_cache.py) and the
+attention's cache update does not run; over the default growing cache the update runs as written.
 
 `--backend npu` counts what the `npu` backend launches instead, through the torch_npu stand-in of
 tests/kernels/stand_in_torch_npu.py (this machine has no NPU): the entries run eagerly, so the aten ops
@@ -52,6 +57,7 @@ MODES = {
 
 
 STAND_INS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
+STATIC_CACHE_LEN = 16  # --cache static: positions (the prompt's 8 and the counted step fit)
 NPU_WIDTHS = {"hidden_size": 256, "heads": 2}  # head_dim 128: mrope_section [16, 24, 24]
 
 
@@ -67,11 +73,11 @@ def modes_for(injections) -> dict[str, tuple[str, ...]]:
 
 
 def count_decode_step(
-    folder: Path, modes: dict[str, tuple[str, ...]] = MODES, backend: str = "fused"
+    folder: Path, modes: dict[str, tuple[str, ...]] = MODES, backend: str = "fused", cache: str = "dynamic"
 ) -> dict[str, dict]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText, StaticCache
 
     class Counting(TorchDispatchMode):
         def __init__(self):
@@ -116,7 +122,11 @@ def count_decode_step(
     results = {}
     for mode, ops in modes.items():
         with torch.no_grad(), pto_kernels.enabled(ops, backend=backend):
-            out = model(input_ids=prompt, use_cache=True)
+            extra = {}
+            if cache == "static":  # the graph path's cache: the prologue writes the step's k and v itself
+                text = model.config.get_text_config(decoder=True)
+                extra["past_key_values"] = StaticCache(config=text, max_cache_len=STATIC_CACHE_LEN)
+            out = model(input_ids=prompt, use_cache=True, **extra)
             step = out.logits[:, -1:].argmax(-1)
             pto_kernels.reset_stats()
             with Counting() as counted:
@@ -154,6 +164,12 @@ def main() -> None:
     parser.add_argument(
         "--backend", choices=("fused", "npu"), default="fused", help="the pto_kernels backend"
     )
+    parser.add_argument(
+        "--cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="the KV cache: transformers' default growing one, or the static one compiled and graph runs use",
+    )
     parser.add_argument("--json", type=Path, help="write the counts here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
@@ -170,7 +186,7 @@ def main() -> None:
         folder = work / f"layers-{n}"
         tiny_model.make_tiny(folder, model=args.model, layers=n, widths=widths)
         engine.apply_patch(model_path=folder, model=args.model)
-        counts[n] = count_decode_step(folder, modes, args.backend)
+        counts[n] = count_decode_step(folder, modes, args.backend, args.cache)
 
     print(
         f"{'layers':>6} {'mode':<10} {'aten+pto ops':>12} {'kernels':>8} {'x baseline':>10}  pto_kernels ops"

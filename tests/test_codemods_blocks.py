@@ -395,3 +395,92 @@ def test_a_missing_anchor_names_what_is_missing_and_hints(ctx, op, change, messa
     with pytest.raises(AnchorNotFoundError, match=message) as caught:
         run(CODEMODS[op](), source, ctx)
     assert caught.value.hint and op in str(caught.value) + caught.value.hint
+
+
+# The attention with a KV-cache update after its rotary call, as transformers 5.16 (past_key_values, the
+# layer's own length) and 4.57 (cache_kwargs with the attention's cache_position) write it.
+_ROTARY_END = """            query_states, key_states, cos, sin, self.section
+        )
+"""
+_UPDATES = {
+    "5.16": (
+        "past_key_values=None, ",
+        """        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+""",
+    ),
+    "4.57": (
+        "past_key_values=None, cache_position=None, ",
+        """        if past_key_values is not None:
+            cache_kwargs = {"sin": sin, "cos": cos, "cache_position": cache_position}
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
+""",
+    ),
+}
+
+
+def _with_update(release: str, targets: str = "key_states, value_states") -> str:
+    params, update = _UPDATES[release]
+    source = DECODER.replace(
+        "def forward(self, hidden_states, position_embeddings=None, attention_mask=None, ",
+        f"def forward(self, hidden_states, position_embeddings=None, attention_mask=None, {params}",
+    )
+    source = source.replace(
+        "        self.section = [2, 1, 1]\n", "        self.section = [2, 1, 1]\n        self.layer_idx = 0\n"
+    )
+    return source.replace(
+        _ROTARY_END, _ROTARY_END + update.replace("key_states, value_states =", f"{targets} =")
+    )
+
+
+@pytest.mark.parametrize("release, position", [("5.16", "None"), ("4.57", "cache_position")])
+def test_attention_prologue_before_and_after_with_a_cache_update(ctx, release, position):
+    after = run(InjectAttentionPrologue(), _with_update(release), ctx)
+    attention = after[after.index("class Qwen2_5_VLAttention") : after.index("class Qwen2_5_VLDecoderLayer")]
+    flat = " ".join(attention.split())
+    assert 'pto_input_layernorm = kwargs.pop("pto_input_layernorm", None) pto_cache_written = False' in flat
+    assert (
+        "query_states, key_states, value_states, pto_cache_written = "
+        'sys.modules["pto_kernels"].attention_prologue_cache_wrapper( self, pto_input_layernorm, hidden_states, '
+        f"cos, sin, self.section, past_key_values, {position} )"
+    ) in flat
+    assert "if not pto_cache_written: if past_key_values is not None:" in flat
+    assert flat.count(".update(key_states, value_states, self.layer_idx") == 1
+
+
+def test_an_update_of_other_tensors_is_left_as_it_is(ctx):
+    """Only the update of the prologue's own k and v is the one its op can do."""
+    after = run(InjectAttentionPrologue(), _with_update("5.16", "other_k, other_v"), ctx)
+    assert "pto_cache_written" not in after and "attention_prologue_wrapper(" in after
+
+
+class _CountingCache:
+    def __init__(self):
+        self.updates = 0
+
+    def update(self, key_states, value_states, layer_idx, *args):
+        self.updates += 1
+        return key_states, value_states
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_the_update_runs_only_when_the_prologue_did_not_write(ctx, written, monkeypatch):
+    patched = _load(inject_blocks(_with_update("5.16"), ctx), f"small_patched_update_{written}")
+    kernels = _stand_in_kernels()
+    seen = []
+
+    def attention_prologue_cache_wrapper(attention, norm, hidden_states, cos, sin, section, cache, position):
+        seen.append((cache, position))
+        return (
+            *kernels.attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, section),
+            written,
+        )
+
+    kernels.attention_prologue_cache_wrapper = attention_prologue_cache_wrapper
+    kernels.USE_PTO_ATTENTION_PROLOGUE = True
+    monkeypatch.setitem(sys.modules, "pto_kernels", kernels)
+    layer, cache = patched.Qwen2_5_VLDecoderLayer(), _CountingCache()
+    angles = torch.randn(3, 1, 1, 4).repeat(1, 1, 1, 2)
+    with torch.no_grad():
+        layer(torch.randn(1, 1, 32), position_embeddings=(angles.cos(), angles.sin()), past_key_values=cache)
+    assert seen == [(cache, None)] and cache.updates == (0 if written else 1)

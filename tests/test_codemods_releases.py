@@ -224,6 +224,16 @@ def counting_kernels() -> types.ModuleType:
     kernels.mlp_block_wrapper = mlp_block_wrapper
     kernels.attention_prologue_wrapper = attention_prologue_wrapper
     kernels.attention_prologue_mixed_wrapper = attention_prologue_mixed_wrapper
+
+    # the prologue's cache-writing forms: these never write (a dynamic cache), so the update runs as written
+    def attention_prologue_cache_wrapper(attention, norm, hidden_states, cos, sin, mrope_section, cache, at):
+        return (*attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_section), False)
+
+    def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, sin, cache, at):
+        return (*attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin), False)
+
+    kernels.attention_prologue_cache_wrapper = attention_prologue_cache_wrapper
+    kernels.attention_prologue_mixed_cache_wrapper = attention_prologue_mixed_cache_wrapper
     return kernels
 
 

@@ -27,6 +27,7 @@ OPS = (
     "mlp_block",
     "attention_prologue",
     "attention_core",
+    "attention_prologue_cached",  # attention_prologue's entry that also writes a static KV cache
 )
 
 

@@ -379,6 +379,8 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     spans |= {"swiglu_mlp": 125.0, "linear_2048_2048": 10.0, "linear_2048_256": 8.0, "linear_lm_head": 350.0}
     spans |= {"attention_core_1024": 22.0, "attention_core_4096": 30.0}  # the simulated core per context
     spans |= {"kv_cache_write": 1.5}  # the proxy for the kernels of the step that are torch's
+    # the prologue a captured step runs over the static cache: the one that writes it (not the plain one)
+    spans |= {"attention_prologue_cached": 21.0}
     out = projection.project(
         spans, context=1024, launch_us=10.0, launches={"blocks": 200, "baseline": 1000}, soc=soc
     )
@@ -388,7 +390,7 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     kv_us = 2 * 2 * 128 * 1024 * 2 / (32 * 24 * 1850)  # K and V of 2 heads x 128, 1,024 positions, bf16
     assert out["attention_core_kv_floor_us_per_layer"] == pytest.approx(kv_us, abs=0.01)
     blocks = out["variants"]["fused"]
-    captured_us = 36 * (140.0 + attention) + 2.0 + 350.0
+    captured_us = 36 * (141.0 + attention) + 2.0 + 350.0
     assert blocks["captured_ms"] == pytest.approx(captured_us / 1e3, abs=1e-3)
     assert blocks["modeled_kernels"] == 36 * 3 + 2
     assert blocks["eager_modeled_launches_ms"] == pytest.approx((captured_us + 110 * 10.0) / 1e3, abs=1e-3)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from . import _dispatch, ops, tuning
+from . import _dispatch, ops, static_cache, tuning
 from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
 from .backends import reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
@@ -51,6 +51,8 @@ __all__ = [
     "apply_tuning",
     "attention_core_model_wrapper",
     "attention_core_wrapper",
+    "attention_prologue_cache_wrapper",
+    "attention_prologue_mixed_cache_wrapper",
     "attention_prologue_mixed_wrapper",
     "attention_prologue_wrapper",
     "backend",
@@ -94,6 +96,7 @@ def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
     global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
     global _attention_prologue, _attention_prologue_mixed, _attention_core, _attention_core_masked
+    global _attention_prologue_cached, _attention_prologue_mixed_cached
     routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
     _dispatch.ROUTES.update(routes)
     _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
@@ -101,6 +104,8 @@ def _bind() -> None:
     _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
     _attention_prologue = routes["attention_prologue"]
     _attention_prologue_mixed = routes["attention_prologue_mixed"]
+    _attention_prologue_cached = routes["attention_prologue_cached"]
+    _attention_prologue_mixed_cached = routes["attention_prologue_mixed_cached"]
     _attention_core, _attention_core_masked = routes["attention_core"], routes["attention_core_masked"]
 
 
@@ -295,6 +300,42 @@ def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
     if _tracing():
         return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
     return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)
+
+
+def attention_prologue_cache_wrapper(
+    attention, norm, hidden_states, cos, sin, mrope_section, cache, position
+):
+    """attention_prologue_wrapper where the attention's cache update follows: (q, k, v, written). When the
+    cache is transformers' static cache and the call a decode of one row (static_cache.write_target), the
+    op also writes k and v into the layer's caches at the update's position (one kernel on the pypto
+    backend), advances the layer's length where the release keeps one, and hands back the caches as k and
+    v with written True: the attention then skips its update. Otherwise (q, k, v, False), as
+    attention_prologue_wrapper. `position`: the attention's `cache_position` argument (4.57 - 5.0) or None."""
+    target = static_cache.write_target(cache, attention.layer_idx, hidden_states, position)
+    if target is None:
+        return (*attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_section), False)
+    args = _prologue_args(attention, norm, hidden_states)
+    args += (cos, sin, [int(s) for s in mrope_section], int(attention.head_dim))
+    args += (target.keys, target.values, target.position)
+    q = ops.attention_prologue_cached(*args) if _tracing() else _attention_prologue_cached(*args)
+    return _written(target, hidden_states, q)
+
+
+def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, sin, cache, position):
+    """attention_prologue_cache_wrapper for transformers 5.20+ (cos/sin section-mixed, [b, s, d])."""
+    target = static_cache.write_target(cache, attention.layer_idx, hidden_states, position)
+    if target is None:
+        return (*attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin), False)
+    args = _prologue_args(attention, norm, hidden_states) + (cos, sin, int(attention.head_dim))
+    args += (target.keys, target.values, target.position)
+    q = ops.attention_prologue_mixed_cached(*args) if _tracing() else _attention_prologue_mixed_cached(*args)
+    return _written(target, hidden_states, q)
+
+
+def _written(target, hidden_states, q):
+    if target.advance:  # as StaticLayer.update (5.8+) advances its length after a write
+        target.position.add_(hidden_states.shape[1])
+    return q, target.keys, target.values, True
 
 
 def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):

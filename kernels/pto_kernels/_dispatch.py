@@ -47,6 +47,9 @@ _ENTRY_OP = {
     "mlp_block": "mlp_block",
     "attention_prologue": "attention_prologue",
     "attention_prologue_mixed": "attention_prologue",
+    # the prologue that also writes its k and v into a static KV cache (what the cache update does next)
+    "attention_prologue_cached": "attention_prologue",
+    "attention_prologue_mixed_cached": "attention_prologue",
     "attention_core": "attention_core",
     "attention_core_masked": "attention_core",  # the lengths read from the model's attention mask
 }
@@ -73,6 +76,7 @@ class OpStats:
     first_fallback_error: str | None = None
     captured: int = 0  # calls made while a device graph was captured: replays run them without Python
     replays: int = 0  # calls of a `count_replays` callable that replayed this op's captured kernels
+    cache_writes: int = 0  # calls that also wrote a static KV cache (attention_prologue's `_cached` entries)
 
     def calls(self) -> int:
         return sum(count.calls for count in self.counts.values())
@@ -82,7 +86,7 @@ class OpStats:
 
     def clear(self) -> None:
         self.backend, self.fallbacks, self.first_fallback_error = None, 0, None
-        self.captured = self.replays = 0
+        self.captured = self.replays = self.cache_writes = 0
         for count in self.counts.values():  # in place: bound routes hold these objects
             count.calls = 0
 
@@ -96,6 +100,7 @@ class OpStats:
             "first_fallback_error": self.first_fallback_error,
             "captured": self.captured,
             "replays": self.replays,
+            "cache_writes": self.cache_writes,
         }
 
 
@@ -166,6 +171,8 @@ _DEVICE_ARG = {
     "mlp_block": 0,
     "attention_prologue": 0,
     "attention_prologue_mixed": 0,
+    "attention_prologue_cached": 0,
+    "attention_prologue_mixed_cached": 0,
     "attention_core": 0,
     "attention_core_masked": 0,
 }
@@ -181,6 +188,7 @@ def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Call
     count = stats.count(backend)
     index = _DEVICE_ARG[entry]
     module: ModuleType | None = _modules.get(backend)
+    writes_cache = entry.endswith("_cached")  # every backend's entry writes the cache, the torch path too
 
     def run(*args):
         nonlocal module
@@ -191,12 +199,14 @@ def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Call
         try:
             if module is None:
                 module = _module(backend)  # imported on first use: pypto may be absent or broken
-            return getattr(module, entry)(*args)  # looked up per call, so a replaced kernel is seen
+            out = getattr(module, entry)(*args)  # looked up per call, so a replaced kernel is seen
         except Exception as exc:
             if backend == "torch":
                 raise
             count.calls -= 1
-            return _fall_back(op, entry, backend, args, exc)
+            out = _fall_back(op, entry, backend, args, exc)
+        stats.cache_writes += writes_cache
+        return out
 
     return run
 

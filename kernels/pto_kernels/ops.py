@@ -20,6 +20,10 @@ and the decoder-layer blocks, several of a layer's ops in one launch (reference.
                                              mrope_section, head_dim) -> (q, k, v)
     torch.ops.pto_kernels.attention_prologue_mixed(x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin,
                                                    head_dim) -> (q, k, v)
+    torch.ops.pto_kernels.attention_prologue_cached(<attention_prologue's>, key_cache, value_cache, position)
+    torch.ops.pto_kernels.attention_prologue_mixed_cached(<attention_prologue_mixed's>, key_cache,
+                                                          value_cache, position)
+        -> q; k and v written into the static caches at position (the cache update's work, in place)
 
 and the attention core between them, over the static KV cache of a decode step:
 
@@ -175,6 +179,55 @@ def _attention_prologue_mixed(
     )
 
 
+def _attention_prologue_cached(
+    hidden_states: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    q_weight: Tensor,
+    q_bias: Tensor | None,
+    k_weight: Tensor,
+    k_bias: Tensor | None,
+    v_weight: Tensor,
+    v_bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    mrope_section: list[int],
+    head_dim: int,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    position: Tensor,
+) -> Tensor:
+    return _run(
+        "attention_prologue_cached",
+        (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
+        + (mrope_section, head_dim, key_cache, value_cache, position),
+    )
+
+
+def _attention_prologue_mixed_cached(
+    hidden_states: Tensor,
+    norm_weight: Tensor,
+    eps: float,
+    q_weight: Tensor,
+    q_bias: Tensor | None,
+    k_weight: Tensor,
+    k_bias: Tensor | None,
+    v_weight: Tensor,
+    v_bias: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    head_dim: int,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    position: Tensor,
+) -> Tensor:
+    return _run(
+        "attention_prologue_mixed_cached",
+        (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
+        + (head_dim, key_cache, value_cache, position),
+    )
+
+
 def _attention_core(
     query: Tensor, key_cache: Tensor, value_cache: Tensor, kv_lens: Tensor, scale: float
 ) -> Tensor:
@@ -198,10 +251,20 @@ _OPS = {
     "mlp_block": (_mlp_block, reference.mlp_block),
     "attention_prologue": (_attention_prologue, reference.attention_prologue),
     "attention_prologue_mixed": (_attention_prologue_mixed, reference.attention_prologue_mixed),
+    "attention_prologue_cached": (_attention_prologue_cached, reference.attention_prologue_cached),
+    "attention_prologue_mixed_cached": (
+        _attention_prologue_mixed_cached,
+        reference.attention_prologue_mixed_cached,
+    ),
     "attention_core": (_attention_core, reference.attention_core),
     "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
+# ops that write into arguments of theirs (the static KV cache), as torch.library must be told
+_MUTATES = {
+    "attention_prologue_cached": ("key_cache", "value_cache"),
+    "attention_prologue_mixed_cached": ("key_cache", "value_cache"),
+}
 
 
 def registered(name: str) -> bool:
@@ -216,7 +279,7 @@ def _register() -> None:
     for name, (body, fake) in _OPS.items():
         if registered(name):
             continue  # another copy of pto_kernels registered it: its body runs this process's current routes
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())(body)
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=_MUTATES.get(name, ()))(body)
         op.register_fake(lambda *args, _fake=fake: _contiguous(_fake(*args)))
 
 
@@ -288,5 +351,7 @@ residual_rms_norm = torch.ops.pto_kernels.residual_rms_norm.default
 mlp_block = torch.ops.pto_kernels.mlp_block.default
 attention_prologue = torch.ops.pto_kernels.attention_prologue.default
 attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default
+attention_prologue_cached = torch.ops.pto_kernels.attention_prologue_cached.default
+attention_prologue_mixed_cached = torch.ops.pto_kernels.attention_prologue_mixed_cached.default
 attention_core = torch.ops.pto_kernels.attention_core.default
 attention_core_masked = torch.ops.pto_kernels.attention_core_masked.default

@@ -453,6 +453,8 @@ def _ops_table(ops) -> None:
         backends = ", ".join(f"{name} {count}" for name, count in entry.backends.items())
         inside = f"inside {entry.inside}" if entry.inside else None
         per_layer = f" ({entry.calls_per_layer:g} per layer)" if entry.calls_per_layer and entry.calls else ""
+        if entry.cache_writes:
+            per_layer += f", {entry.cache_writes} writing the KV cache"
         table.add_row(
             op,
             "yes" if entry.switched_on else "no",

@@ -154,6 +154,7 @@ def op_reports(
             first_fallback_error=entry.get("first_fallback_error"),
             captured=int(entry.get("captured", 0)),  # absent from older kernel packages
             replays=int(entry.get("replays", 0)),
+            cache_writes=int(entry.get("cache_writes", 0)),  # absent from older kernel packages
             inside=_inside(op, stats, switched_on) if op in switched_on and not calls else None,
             calls_per_layer=per_layer,
             compile_s=(entry.get("pypto_kernels") or {}).get("compile_s"),  # absent from older packages

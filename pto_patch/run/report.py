@@ -145,6 +145,7 @@ class OpReport:
     first_fallback_error: str | None = None
     captured: int = 0  # calls made while a device graph was captured (ACL graph, CUDA graph)
     replays: int = 0  # replays of such a graph, where they were counted
+    cache_writes: int = 0  # calls that also wrote the static KV cache (the attention prologue's)
     inside: str | None = None  # the block that ran this op's work while its own guard was not reached
     calls_per_layer: float | None = None  # a decoder-layer block's calls / the model's decoder layers
     compile_s: float | None = None  # seconds in pypto's compiles of its kernels, apart from the runs

@@ -4,9 +4,9 @@ residual add + norm).
 A block spans two methods: the decoder layer's `forward` decides (a guard at its top reads the switch)
 and its attention's `forward` follows (it pops what the layer handed it through **kwargs). Each function
 below is one piece; the codemod takes its body and fills in:
-- names: KWARGS (the forward's **kwargs), HIDDEN, RESIDUAL, Q, K, V, MASK, OUT, WEIGHTS (the source's own
-  variables and expressions), INPUT_NORM, POST_NORM, MLP, O_PROJ, ATTENTION (module expressions such as
-  `self.input_layernorm`),
+- names: KWARGS (the forward's **kwargs), HIDDEN, RESIDUAL, Q, K, V, MASK, OUT, WEIGHTS, CACHE (the
+  source's own variables and expressions), POSITION (the attention's `cache_position`, or None), INPUT_NORM,
+  POST_NORM, MLP, O_PROJ, ATTENTION (module expressions such as `self.input_layernorm`),
   COS, SIN, SECTION (the rotary call's own arguments);
 - statements: ORIGINAL (the statements a piece wraps; with the switch off they run as written), KEPT
   (statements of the wrapped range the block does not replace, such as `cos, sin = position_embeddings`);
@@ -48,6 +48,35 @@ def prologue_mixed(self, HIDDEN):
             self, pto_input_layernorm, HIDDEN, COS, SIN
         )
     else:
+        ORIGINAL
+
+
+def prologue_cache_received():
+    pto_cache_written = False
+
+
+def prologue_sectioned_cached(self, HIDDEN):
+    if pto_input_layernorm is not None:
+        KEPT
+        Q, K, V, pto_cache_written = sys.modules["pto_kernels"].attention_prologue_cache_wrapper(
+            self, pto_input_layernorm, HIDDEN, COS, SIN, SECTION, CACHE, POSITION
+        )
+    else:
+        ORIGINAL
+
+
+def prologue_mixed_cached(self, HIDDEN):
+    if pto_input_layernorm is not None:
+        KEPT
+        Q, K, V, pto_cache_written = sys.modules["pto_kernels"].attention_prologue_mixed_cache_wrapper(
+            self, pto_input_layernorm, HIDDEN, COS, SIN, CACHE, POSITION
+        )
+    else:
+        ORIGINAL
+
+
+def prologue_cache_update():
+    if not pto_cache_written:
         ORIGINAL
 
 

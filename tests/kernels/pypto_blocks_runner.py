@@ -138,9 +138,48 @@ def main(out_path: str) -> None:
             kernel(x, weight, out)
         results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
         results |= prologue_probes(make_inputs("bfloat16", "decode", 403))
+        results |= cached_prologues(make_inputs("bfloat16", "decode", 404))
         results |= dispatched(make_inputs("float32", "rows6", 402))
+        results |= dispatched_into_cache(make_inputs("bfloat16", "decode", 405))
     stats = pypto_kernels.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
+
+
+CACHE_LEN = 8
+# (case, the position tensor transformers hands over): 5.8's [1] counter, 5.16+'s 0-d counter, 4.57's
+# cache_position; a sabotaged one, read as a wrong position by the test
+CACHE_POSITIONS = {
+    "counter": torch.tensor([5]),
+    "scalar": torch.tensor(2),
+    "cache_position": torch.tensor([7]),
+}
+
+
+def cached_prologues(i: dict) -> dict:
+    """The 1-row prologue kernel that writes k and v into a static cache at the position an int64 tensor
+    holds (read inside the kernel), on NaN-filled caches, at three positions in the forms transformers
+    hands them over; the sectioned and the mixed entries."""
+    out = {}
+    head_dim = i["head_dim"]
+    projections = (i["q_weight"], i["q_bias"], i["k_weight"], i["k_bias"], i["v_weight"], i["v_bias"])
+    for case, position in CACHE_POSITIONS.items():
+        caches = [
+            torch.full((1, K_HEADS, CACHE_LEN, head_dim), float("nan"), dtype=torch.bfloat16) for _ in "kv"
+        ]
+        args = (i["hidden_states"], i["norm_weight"], EPS, *projections)
+        if case == "scalar":  # the mixed entry (transformers 5.20+'s tables)
+            cos, sin = mixed(i["cos"], i["section"]), mixed(i["sin"], i["section"])
+            q = pypto_blocks.attention_prologue_mixed_cached(*args, cos, sin, head_dim, *caches, position)
+        else:
+            q = pypto_blocks.attention_prologue_cached(
+                *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position
+            )
+        out[f"attention_prologue_cached/{case}"] = {
+            "inputs": i,
+            "position": int(position.reshape(-1)[0]),
+            "output": (q, *caches),
+        }
+    return out
 
 
 def prologue_probes(i: dict) -> dict:
@@ -206,6 +245,61 @@ def dispatched(i: dict) -> dict:
     return {
         f"dispatched/{op}": {"inputs": i, "output": out, "backends": backends[op]}
         for op, out in outputs.items()
+    }
+
+
+def dispatched_into_cache(i: dict) -> dict:
+    """attention_prologue_cache_wrapper with backend "pypto", strict, over the installed transformers'
+    StaticCache after a 5-position prefill: what a patched attention calls at a decode step."""
+    import os
+
+    import pto_kernels
+    from transformers import PretrainedConfig, StaticCache
+
+    os.environ["PTO_KERNELS_STRICT"] = "1"
+    head_dim = i["head_dim"]
+    config = PretrainedConfig(
+        hidden_size=HIDDEN,
+        num_attention_heads=Q_HEADS,
+        num_key_value_heads=K_HEADS,
+        head_dim=head_dim,
+        num_hidden_layers=1,
+    )
+    cache = StaticCache(config=config, max_cache_len=CACHE_LEN)
+    prefill = [torch.randn(1, K_HEADS, 5, head_dim).to(torch.bfloat16) for _ in "kv"]
+    cache.update(*prefill, 0, {"cache_position": torch.arange(5)})
+    layer = cache.layers[0]
+    counter = getattr(layer, "cumulative_length", None)
+    position = None if isinstance(counter, torch.Tensor) else torch.tensor([5])  # transformers 4.57 - 5.0
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.nn.Parameter(i["norm_weight"]), EPS
+    attention = torch.nn.Module()
+    attention.q_proj, attention.k_proj = (
+        _linear(i["q_weight"], i["q_bias"]),
+        _linear(i["k_weight"], i["k_bias"]),
+    )
+    attention.v_proj, attention.head_dim, attention.layer_idx = (
+        _linear(i["v_weight"], i["v_bias"]),
+        head_dim,
+        0,
+    )
+    before = pto_kernels.stats()["attention_prologue"]
+    with pto_kernels.enabled(("attention_prologue",), backend="pypto"):
+        q, keys, values, written = pto_kernels.attention_prologue_cache_wrapper(
+            attention, norm, i["hidden_states"], i["cos"], i["sin"], i["section"], cache, position
+        )
+        after = pto_kernels.stats()["attention_prologue"]
+    served = {name: n - before["backends"].get(name, 0) for name, n in after["backends"].items()}
+    return {
+        "dispatched/attention_prologue_cached": {
+            "inputs": i,
+            "prefill": prefill,
+            "output": (q, keys.clone(), values.clone()),
+            "written": written,
+            "backends": {name: n for name, n in served.items() if n},
+            "cache_writes": after["cache_writes"] - before["cache_writes"],
+            "length": int(layer.get_seq_length()) if position is None else None,
+        }
     }
 
 

@@ -217,9 +217,11 @@ def test_a_static_cache_prefill_without_a_mask_matches_sdpa_is_causal(backend, m
     q = torch.randn(1, 4, 9, 16, generator=gen)
     keys, values = torch.zeros(1, 2, 12, 16), torch.zeros(1, 2, 12, 16)
     keys[:, :, :9], values[:, :, :9] = torch.randn(2, 1, 2, 9, 16, generator=gen)
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q, keys, values, is_causal=True, enable_gqa=True
-    ).transpose(1, 2).reshape(1, 9, 64)
+    expected = (
+        torch.nn.functional.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+        .transpose(1, 2)
+        .reshape(1, 9, 64)
+    )
     module = reference if backend == "reference" else fused
     monkeypatch.setattr(decode_lengths, "LENGTHS", decode_lengths._Lengths())
     out = module.attention_core_masked(q, keys, values, None, 16**-0.5)

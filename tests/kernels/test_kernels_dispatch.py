@@ -121,6 +121,7 @@ def test_failing_kernel_falls_back_counted_and_logged_once(monkeypatch, caplog):
         "first_fallback_error": None,
         "captured": 0,
         "replays": 0,
+        "cache_writes": 0,
         "pypto_kernels": {
             "built": 0,
             "compiles": 0,

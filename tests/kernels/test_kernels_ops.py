@@ -54,6 +54,8 @@ def test_every_entry_is_a_registered_custom_op():
         "mlp_block",
         "attention_prologue",
         "attention_prologue_mixed",
+        "attention_prologue_cached",
+        "attention_prologue_mixed_cached",
         "attention_core",
         "attention_core_masked",
     }
@@ -305,3 +307,29 @@ def test_a_torchair_that_fails_to_load_registers_nothing_and_enable_still_works(
     monkeypatch.setattr(ops, "_ge_refused", set())
     pto_kernels.enable(backend="torch")
     assert ops._ge_refused == set() and ops.loaded_torchair() is None
+
+
+def test_the_cache_writing_prologue_says_what_it_mutates():
+    """torch.library's own checks of the op that writes the static cache: its schema marks the two caches as
+    written (a compiled graph must not reorder or drop the write), its fake matches its body, and it runs
+    under torch.compile's functionalization."""
+    gen = torch.Generator().manual_seed(5)
+    hidden, heads, kv_heads, dim = 32, 4, 2, 8
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    args = (
+        randn(1, 1, hidden), randn(hidden) + 1.0, 1e-6,
+        randn(heads * dim, hidden), randn(heads * dim),
+        randn(kv_heads * dim, hidden), randn(kv_heads * dim),
+        randn(kv_heads * dim, hidden), randn(kv_heads * dim),
+        randn(1, 1, dim), randn(1, 1, dim), dim,
+        torch.zeros(1, kv_heads, 6, dim), torch.zeros(1, kv_heads, 6, dim), torch.tensor([3]),
+    )  # fmt: skip
+    schema = str(ops.attention_prologue_mixed_cached._schema)
+    assert "Tensor(a12!) key_cache" in schema and "Tensor(a13!) value_cache" in schema
+    torch.library.opcheck(ops.attention_prologue_mixed_cached, args)
+    written = args[12]
+    ops.attention_prologue_mixed_cached(*args)
+    assert written[:, :, 3].abs().sum() > 0 and not written[:, :, :3].any() and not written[:, :, 4:].any()

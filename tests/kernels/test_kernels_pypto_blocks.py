@@ -121,6 +121,49 @@ def test_the_cost_models_plain_linear_kernel(results):
     gc.check_close(result["output"], x.double() @ weight.double().T, torch.bfloat16, "linear")
 
 
+def _check_cached(result: dict, position: int) -> None:
+    """q against float64; the caches hold k and v at `position` of each kv head and nothing anywhere else."""
+    q, key_cache, value_cache = result["output"]
+    q_want, k_want, v_want = prologue_expected(result["inputs"])
+    gc.check_close(q, q_want, torch.bfloat16, "q")
+    for cache, want, what in ((key_cache, k_want, "k"), (value_cache, v_want, "v")):
+        written = (~cache.isnan().all(-1)).nonzero().tolist()
+        assert written == [[0, head, position] for head in range(cache.shape[1])], f"{what} rows written"
+        gc.check_close(cache[:, :, position : position + 1], want, torch.bfloat16, what)
+
+
+@pytest.mark.parametrize("case", ["counter", "scalar", "cache_position"])
+def test_the_cached_prologue_writes_k_and_v_at_the_position_its_tensor_holds(case, results):
+    """One kernel: q out, and k and v into the static caches at the position read inside the kernel from
+    the int64 tensor transformers keeps ([1], 0-d, or the attention's cache_position): three positions."""
+    result = results["results"][f"attention_prologue_cached/{case}"]
+    _check_cached(result, result["position"])
+
+
+def test_the_cache_wrapper_runs_the_pypto_kernel_on_transformers_static_cache(results):
+    """A decode step into the installed transformers' StaticCache (5 positions prefilled), backend pypto,
+    strict: one pypto call that wrote the cache; the new k and v at position 5, the prefill kept, the rest
+    zeros; the layer's length advanced by one where the release keeps one."""
+    result = results["results"]["dispatched/attention_prologue_cached"]
+    assert result["written"] and result["backends"] == {"pypto": 1} and result["cache_writes"] == 1
+    q, keys, values = result["output"]
+    q_want, k_want, v_want = prologue_expected(result["inputs"])
+    gc.check_close(q, q_want, torch.bfloat16, "q")
+    for cache, prefill, want, what in zip(
+        (keys, values), result["prefill"], (k_want, v_want), "kv", strict=True
+    ):
+        torch.testing.assert_close(cache[:, :, :5], prefill, rtol=0, atol=0)
+        gc.check_close(cache[:, :, 5:6], want, torch.bfloat16, what)
+        assert not cache[:, :, 6:].any(), f"{what}: rows past the new one written"
+    assert result["length"] in (None, 6)
+
+
+def test_the_cached_check_fails_at_another_position(results):
+    result = results["results"]["attention_prologue_cached/counter"]
+    with pytest.raises(AssertionError):
+        _check_cached(result, result["position"] - 1)
+
+
 @pytest.mark.parametrize("epilogue", ["none", "per_head", "one_task"])
 def test_the_prologue_bound_probes_do_the_matmuls(epilogue, results):
     """benchmarks/prologue_bound.py's probes: every output column is x @ W^T, so their spans are of kernels

@@ -195,6 +195,17 @@ def attention_prologue_mixed(*args):
     return reference.prologue_with(rms_norm, mrope_mixed, args)
 
 
+def attention_prologue_cached(*args):
+    """reference.attention_prologue_cached's arguments: this backend's prologue, then the cache write as
+    transformers makes it (two index_copy_)."""
+    return reference.prologue_cached(attention_prologue, args)
+
+
+def attention_prologue_mixed_cached(*args):
+    """reference.attention_prologue_mixed_cached's arguments: this backend's prologue, then the cache write."""
+    return reference.prologue_cached(attention_prologue_mixed, args)
+
+
 def attention_core(query, key_cache, value_cache, kv_lens, scale):
     """The attention core by torch's scaled_dot_product_attention (grouped heads, no repeat_kv copy) over
     the cache positions some sequence still uses: a static cache's unused tail is never read."""

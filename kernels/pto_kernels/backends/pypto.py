@@ -21,6 +21,8 @@ ENTRIES = {
     "mlp_block": pypto_blocks,
     "attention_prologue": pypto_blocks,
     "attention_prologue_mixed": pypto_blocks,
+    "attention_prologue_cached": pypto_blocks,
+    "attention_prologue_mixed_cached": pypto_blocks,
     "attention_core": pypto_attention,
     "attention_core_masked": pypto_attention,
 }

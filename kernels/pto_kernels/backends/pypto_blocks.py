@@ -244,13 +244,13 @@ def _build_attention_prologue(
     F.linear's output, and rotates q and k (RoPE), one task per head. As the MRoPE kernel, each head reads
     its cos/sin rows straight from the inputs."""
     pypto = _pypto()
-    dt, tdt, fp32 = _dtype(dtype), _dtype(table_dtype), pypto.DT_FP32
+    dt, tdt = _dtype(dtype), _dtype(table_dtype)
     rows_axis = _row_axis(config, rows)
-    tile, half = config.row_tile, dim // 2
+    tile = config.row_tile
     q_width, kv_width = q_heads * dim, k_heads * dim
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
 
-    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+    epilogue = _prologue_epilogue(hidden, (q_heads, k_heads), dim, eps, norm_rows, config, dt)
 
     @_jit(device_type, config)
     def attention_prologue_kernel(
@@ -273,31 +273,128 @@ def _build_attention_prologue(
             valid = pypto.min(start + tile, n_rows) - start
             xt = pypto.view(x, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             pypto.set_cube_tile_shapes(m, proj_k, proj_n)
-            q = pypto.matmul(xt, q_w, fp32, b_trans=True)
-            k = pypto.matmul(xt, k_w, fp32, b_trans=True)
-            v = pypto.matmul(xt, v_w, fp32, b_trans=True)
-            # each epilogue task works out its rows' RMSNorm scale from x itself: a scale shared between
-            # tasks would make them one task (pypto merges the consumers of a vector intermediate)
-            pypto.set_vec_tile_shapes(norm_rows, hidden)
-            pypto.set_pass_options(sg_set_scope=norm_scope)
-            scale = _rms_scale(xt, hidden, eps)
-            pypto.set_vec_tile_shapes(tile, dim)
-            pypto.assemble(_biased(pypto.mul(v, scale), v_b, dt), [start, 0], v_out)
-            for head in range(q_heads + k_heads):
-                if head < q_heads:
-                    src, bias, dst, col = q, q_b, q_out, head * dim
-                else:
-                    src, bias, dst, col = k, k_b, k_out, (head - q_heads) * dim
-                pypto.set_pass_options(sg_set_scope=head + 2)
-                pypto.set_vec_tile_shapes(norm_rows, hidden)
-                scale = _rms_scale(xt, hidden, eps)
-                pypto.set_vec_tile_shapes(tile, dim)
-                out1, out2 = _rope_epilogue(src, scale, bias, col, cos, sin, start, tile, valid, dim, dt)
-                pypto.assemble(out1, [start, col], dst)
-                pypto.assemble(out2, [start, col + half], dst)
+            writer = _ToOutputs(q_out, k_out, v_out, start, q_heads, dim)
+            tables = (cos, sin, start, tile, valid)
+            epilogue(xt, (q_w, k_w, v_w), (q_b, k_b, v_b), tables, writer)
         pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
     return attention_prologue_kernel
+
+
+def _prologue_epilogue(hidden, heads, dim, eps, norm_rows, config, dt):
+    """The prologue after its x tile, inside a kernel: epilogue(xt, (q, k, v) weights, (q, k, v) biases,
+    (cos, sin, start, tile, valid), writer). The q/k/v matmuls in fp32; v scaled, biased and rounded in
+    one task (writer.v(v)); then one task per q and k head (q heads first), scaled, biased, rounded and
+    rotated (writer.head(head, first half, second half)). Each task works out its rows' RMSNorm scale from x
+    itself: a scale shared between tasks would make them one task (pypto merges the consumers of a vector
+    intermediate). The writers say where the results go: the outputs, or a static KV cache."""
+    q_heads, k_heads = heads
+    norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
+
+    def epilogue(xt, weights, biases, tables, writer):
+        pypto = _pypto()
+        q, k, v = (pypto.matmul(xt, w, pypto.DT_FP32, b_trans=True) for w in weights)
+        q_b, k_b, v_b = biases
+        cos, sin, start, tile, valid = tables
+        pypto.set_vec_tile_shapes(norm_rows, hidden)
+        pypto.set_pass_options(sg_set_scope=norm_scope)
+        scale = _rms_scale(xt, hidden, eps)
+        pypto.set_vec_tile_shapes(tile, dim)
+        writer.v(_biased(pypto.mul(v, scale), v_b, dt))
+        for head in range(q_heads + k_heads):
+            src, bias, col = (q, q_b, head * dim) if head < q_heads else (k, k_b, (head - q_heads) * dim)
+            pypto.set_pass_options(sg_set_scope=head + 2)
+            pypto.set_vec_tile_shapes(norm_rows, hidden)
+            scale = _rms_scale(xt, hidden, eps)
+            pypto.set_vec_tile_shapes(tile, dim)
+            writer.head(head, *_rope_epilogue(src, scale, bias, col, cos, sin, start, tile, valid, dim, dt))
+
+    return epilogue
+
+
+class _ToOutputs:
+    """Where attention_prologue's kernel writes: q, k and v outputs [rows, heads * dim], at row `start`."""
+
+    def __init__(self, q_out, k_out, v_out, start, q_heads, dim):
+        self.q_out, self.k_out, self.v_out, self.start = q_out, k_out, v_out, start
+        self.q_heads, self.dim = q_heads, dim
+
+    def v(self, v):
+        _pypto().assemble(v, [self.start, 0], self.v_out)
+
+    def head(self, head, out1, out2):
+        pypto, dim = _pypto(), self.dim
+        dst, col = (
+            (self.q_out, head * dim) if head < self.q_heads else (self.k_out, (head - self.q_heads) * dim)
+        )
+        pypto.assemble(out1, [self.start, col], dst)
+        pypto.assemble(out2, [self.start, col + dim // 2], dst)
+
+
+class _ToCache:
+    """Where the cached prologue's kernel writes: q to its output, each kv head's k and v row into the flat
+    static caches [kv_heads * cache_len, dim] at position `at` (a value read inside the kernel)."""
+
+    def __init__(self, q_out, key_cache, value_cache, at, heads, dim, cache_len):
+        self.q_out, self.key_cache, self.value_cache, self.at = q_out, key_cache, value_cache, at
+        (self.q_heads, self.k_heads), self.dim, self.cache_len = heads, dim, cache_len
+
+    def v(self, v):
+        pypto, dim = _pypto(), self.dim
+        for kv_head in range(self.k_heads):
+            row = pypto.view(v, [1, dim], [0, kv_head * dim])
+            pypto.assemble(row, [kv_head * self.cache_len + self.at, 0], self.value_cache)
+
+    def head(self, head, out1, out2):
+        pypto, dim = _pypto(), self.dim
+        if head < self.q_heads:
+            pypto.assemble(out1, [0, head * dim], self.q_out)
+            pypto.assemble(out2, [0, head * dim + dim // 2], self.q_out)
+            return
+        row = (head - self.q_heads) * self.cache_len + self.at
+        pypto.assemble(out1, [row, 0], self.key_cache)
+        pypto.assemble(out2, [row, dim // 2], self.key_cache)
+
+
+def _build_attention_prologue_cached(
+    hidden, q_heads, k_heads, dim, cache_len, dtype, table_dtype, eps, config, device_type
+):
+    """attention_prologue's kernel for one row (batch-1 decode, the static `one_row` tiling) that writes its
+    k and v rows straight into a static KV cache instead of outputs: key_cache / value_cache
+    [kv_heads * cache_len, dim] (one sequence's [1, kv_heads, cache_len, dim] cache, flat), at the row
+    position[0, 0] (int32, read inside the kernel: the low word of transformers' int64 position); q out
+    as before. The cache write transformers makes next (two index_copy_ launches) is then done."""
+    pypto = _pypto()
+    dt, tdt = _dtype(dtype), _dtype(table_dtype)
+    q_width, kv_width = q_heads * dim, k_heads * dim
+    m, proj_k, proj_n, norm_rows = _block_tiles(config)
+    epilogue = _prologue_epilogue(hidden, (q_heads, k_heads), dim, eps, norm_rows, config, dt)
+
+    @_jit(device_type, config)
+    def attention_prologue_cached_kernel(
+        x: pypto.Tensor([1, hidden], dt),
+        q_w: pypto.Tensor([q_width, hidden], dt),
+        q_b: pypto.Tensor([1, q_width], dt),
+        k_w: pypto.Tensor([kv_width, hidden], dt),
+        k_b: pypto.Tensor([1, kv_width], dt),
+        v_w: pypto.Tensor([kv_width, hidden], dt),
+        v_b: pypto.Tensor([1, kv_width], dt),
+        cos: pypto.Tensor([1, dim], tdt),
+        sin: pypto.Tensor([1, dim], tdt),
+        position: pypto.Tensor([1, 2], pypto.DT_INT32),
+        key_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
+        value_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
+        q_out: pypto.Tensor([1, q_width], dt),
+    ):
+        for _ in pypto.loop(1):
+            at = position[0, 0]
+            xt = pypto.view(x, [1, hidden], [0, 0])
+            pypto.set_cube_tile_shapes(m, proj_k, proj_n)
+            writer = _ToCache(q_out, key_cache, value_cache, at, (q_heads, k_heads), dim, cache_len)
+            epilogue(xt, (q_w, k_w, v_w), (q_b, k_b, v_b), (cos, sin, 0, 1, 1), writer)
+        pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
+
+    return attention_prologue_cached_kernel
 
 
 def _rms_scale(xt, hidden: int, eps: float):
@@ -371,8 +468,10 @@ class _NormFolded:
 NORM_FOLDED = _NormFolded()
 
 
-def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
-    """attention_prologue(_mixed)'s body with cos/sin section-mixed ([b, s, d] or [b, 1, s, d])."""
+def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, cache=None):
+    """attention_prologue(_mixed)'s body with cos/sin section-mixed ([b, s, d] or [b, 1, s, d]). With
+    `cache` (key_cache, value_cache, position): the cached kernel, which writes k and v into the caches and
+    returns q alone."""
     if hidden_states.dim() != 3:
         raise ValueError(
             f"pypto attention_prologue takes hidden_states [b, s, hidden], not {tuple(hidden_states.shape)}"
@@ -405,19 +504,15 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
     tile_budget.check(
         "attention_prologue", config, dtype.itemsize, {"q/k/v": (config.row_tile, hidden, q_width)}
     )
-    key = _kernel_key(
-        "attention_prologue",
-        config,
-        rows,
-        hidden,
-        q_heads,
-        k_heads,
-        head_dim,
-        dtype,
-        cos.dtype,
-        float(eps),
-        device_type,
-    )
+    shape = (hidden, q_heads, k_heads, head_dim, dtype, cos.dtype, float(eps), device_type)
+    args = (x, weights[0], biases[0], weights[1], biases[1], weights[2], biases[2], cos2, sin2)
+    if cache is not None:
+        return (
+            _prologue_into_cache(args, shape, config, cache)
+            .reshape(batch, seq, q_heads, head_dim)
+            .transpose(1, 2)
+        )
+    key = _kernel_key("attention_prologue", config, rows, *shape)
     kernel = _kernel(
         key,
         device_type,
@@ -428,21 +523,56 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim):
     q_out = _new_output(x.new_empty(rows, q_width))
     k_out, v_out = (_new_output(x.new_empty(rows, kv_width)) for _ in range(2))
     with _launching(x):
-        kernel(
-            x,
-            weights[0],
-            biases[0],
-            weights[1],
-            biases[1],
-            weights[2],
-            biases[2],
-            cos2,
-            sin2,
-            q_out,
-            k_out,
-            v_out,
-        )
+        kernel(*args, q_out, k_out, v_out)
     return tuple(t.reshape(batch, seq, -1, head_dim).transpose(1, 2) for t in (q_out, k_out, v_out))
+
+
+def _prologue_into_cache(args, shape, config, cache):
+    """The cached kernel's call: one row (batch-1 decode) into a [1, kv_heads, cache_len, d] static cache
+    at the position its int64 tensor holds (read as the low int32 word inside the kernel). q [1, q_width]."""
+    hidden, q_heads, k_heads, head_dim, dtype, table_dtype, eps, device_type = shape
+    key_cache, value_cache, position = cache
+    x = args[0]
+    if x.shape[0] != 1 or not config.static:
+        raise ValueError(f"pypto attention_prologue writes a cache for one new row, not {x.shape[0]}")
+    expected = (1, k_heads, key_cache.shape[2], head_dim)
+    for name, tensor in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if tuple(tensor.shape) != expected or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise ValueError(
+                f"pypto attention_prologue: {name} {tuple(tensor.shape)} {tensor.dtype} is not a contiguous"
+                f" {expected} {dtype} cache"
+            )
+    if position.dtype != torch.int64 or position.numel() < 1 or position.device != x.device:
+        raise ValueError(f"pypto attention_prologue takes an int64 cache position on {x.device}")
+    cache_len = key_cache.shape[2]
+    # int64 positions are little-endian on every host and device pypto runs on: the low word comes first
+    at = position.reshape(-1)[:1].view(torch.int32).reshape(1, 2)
+    key = _kernel_key("attention_prologue_cached", config, 1, *shape, cache_len)
+    kernel = _kernel(
+        key,
+        device_type,
+        lambda: _build_attention_prologue_cached(
+            hidden, q_heads, k_heads, head_dim, cache_len, dtype, table_dtype, eps, config, device_type
+        ),
+    )
+    q_out = _new_output(x.new_empty(1, q_heads * head_dim))
+    flat = (key_cache.view(k_heads * cache_len, head_dim), value_cache.view(k_heads * cache_len, head_dim))
+    with _launching(x):
+        kernel(*args, at, *flat, q_out)
+    return q_out
+
+
+def _mixed_tables(hidden_states, cos, sin, mrope_section, head_dim):
+    """cos/sin [3, b, s, head_dim] section-mixed in torch once per forward (the fused backend's table cache,
+    shared by every layer); ValueError when the sections or the tables do not fit."""
+    sections = tuple(int(s) for s in mrope_section)
+    expected = (3, hidden_states.shape[0], hidden_states.shape[1], head_dim)
+    if sum(sections) * 2 != head_dim or tuple(cos.shape) != expected or cos.shape != sin.shape:
+        raise ValueError(
+            f"mrope_section {list(sections)} / cos {tuple(cos.shape)} do not fit head_dim {head_dim}"
+            f" and hidden_states {tuple(hidden_states.shape)}"
+        )
+    return fused.MIXED_TABLES.get(cos, sin, sections, 1)[:2]
 
 
 def attention_prologue(
@@ -464,14 +594,7 @@ def attention_prologue(
 
     cos/sin [3, b, s, head_dim] are section-mixed outside the kernel, in torch, once per forward (the
     fused backend's table cache, shared by every layer), as the MRoPE entry does."""
-    sections = tuple(int(s) for s in mrope_section)
-    expected = (3, hidden_states.shape[0], hidden_states.shape[1], head_dim)
-    if sum(sections) * 2 != head_dim or tuple(cos.shape) != expected or cos.shape != sin.shape:
-        raise ValueError(
-            f"mrope_section {list(sections)} / cos {tuple(cos.shape)} do not fit head_dim {head_dim}"
-            f" and hidden_states {tuple(hidden_states.shape)}"
-        )
-    mixed_cos, mixed_sin, _ = fused.MIXED_TABLES.get(cos, sin, sections, 1)
+    mixed_cos, mixed_sin = _mixed_tables(hidden_states, cos, sin, mrope_section, head_dim)
     projections = ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
     return _prologue(hidden_states, norm_weight, eps, projections, mixed_cos, mixed_sin, head_dim)
 
@@ -482,6 +605,25 @@ def attention_prologue_mixed(
     """attention_prologue with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
     projections = ((q_weight, q_bias), (k_weight, k_bias), (v_weight, v_bias))
     return _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim)
+
+
+def attention_prologue_cached(*args):
+    """attention_prologue (reference.attention_prologue_cached's arguments) that also writes k and v into a
+    static cache at the given position, in the same kernel: q. One new row (batch-1 decode) only."""
+    *prologue_args, key_cache, value_cache, position = args
+    (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, mrope_section, head_dim) = prologue_args
+    mixed_cos, mixed_sin = _mixed_tables(x, cos, sin, mrope_section, head_dim)
+    projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
+    cache = (key_cache, value_cache, position)
+    return _prologue(x, norm_w, eps, projections, mixed_cos, mixed_sin, head_dim, cache)
+
+
+def attention_prologue_mixed_cached(*args):
+    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
+    *prologue_args, key_cache, value_cache, position = args
+    (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, head_dim) = prologue_args
+    projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
+    return _prologue(x, norm_w, eps, projections, cos, sin, head_dim, (key_cache, value_cache, position))
 
 
 # --- a plain projection: the per-op baseline of the cost model's decoder-layer row --------------------

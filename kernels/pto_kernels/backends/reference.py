@@ -220,6 +220,60 @@ def prologue_with(norm, rotary, args: tuple) -> tuple[torch.Tensor, torch.Tensor
     return q, k, v
 
 
+# The attention prologue that also writes its new keys and values into a static KV cache, as transformers'
+# StaticLayer.update does right after the prologue (index_copy_ along the cache's positions).
+
+
+def check_cache_write(key, key_cache, value_cache, position) -> None:
+    """The cache write's contract, checked on every backend (raises ValueError): caches [b, kv_heads,
+    cache_len, d] alike, of the new keys' batch, heads, head size and dtype; an int64 position tensor whose
+    first element is the first new row's position."""
+    batch, heads, rows, dim = key.shape
+    if key_cache.shape != value_cache.shape or key_cache.dim() != 4:
+        raise ValueError(
+            f"the cache write takes key and value caches [b, kv_heads, cache_len, d] alike, not"
+            f" {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if (key_cache.shape[0], key_cache.shape[1], key_cache.shape[3]) != (batch, heads, dim):
+        raise ValueError(f"caches {tuple(key_cache.shape)} do not hold new keys {tuple(key.shape)}")
+    if key_cache.dtype != key.dtype or value_cache.dtype != key.dtype:
+        raise ValueError(f"caches in {key_cache.dtype}, new keys in {key.dtype}: the write would round them")
+    if position.dtype != torch.int64 or position.numel() < 1:
+        raise ValueError(
+            f"the cache position is an int64 tensor, not {position.dtype} {tuple(position.shape)}"
+        )
+
+
+def write_cache(key_cache, value_cache, key, value, position) -> None:
+    """transformers' StaticLayer.update on its caches: the s new rows of key / value [b, kv_heads, s, d] at
+    cache positions position[0] .. position[0] + s - 1, in place."""
+    check_cache_write(key, key_cache, value_cache, position)
+    at = position.reshape(-1)[:1] + torch.arange(key.shape[2], device=position.device)
+    key_cache.index_copy_(2, at, key)
+    value_cache.index_copy_(2, at, value)
+
+
+def prologue_cached(prologue, args: tuple) -> torch.Tensor:
+    """An attention prologue entry (a backend's own) followed by the cache write, on the arguments of
+    attention_prologue(_mixed) followed by key_cache, value_cache and position. Returns q."""
+    *prologue_args, key_cache, value_cache, position = args
+    q, k, v = prologue(*prologue_args)
+    write_cache(key_cache, value_cache, k, v, position)
+    return q
+
+
+def attention_prologue_cached(*args) -> torch.Tensor:
+    """attention_prologue, then its k and v written into the static caches at `position` (what the
+    attention's `cache.update` does next): attention_prologue's arguments, then key_cache, value_cache
+    [b, kv_heads, cache_len, head_dim] and position (int64; its first element the first new row's). q."""
+    return prologue_cached(attention_prologue, args)
+
+
+def attention_prologue_mixed_cached(*args) -> torch.Tensor:
+    """attention_prologue_cached with cos/sin already section-mixed (transformers 5.20+)."""
+    return prologue_cached(attention_prologue_mixed, args)
+
+
 # The attention core at decode: the new rows' attention over a static KV cache, as transformers computes it.
 
 

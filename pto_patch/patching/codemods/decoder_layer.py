@@ -314,6 +314,47 @@ def find_prologue(
     return Prologue(forward, kwargs, hidden, first, rotary, call, (names["q"], names["k"], names["v"]))
 
 
+@dataclass(frozen=True)
+class CacheUpdate:
+    """`if <cache> is not None: ... k, v = <cache>.update(k, v, self.layer_idx, ...)` right after a rotary call."""
+
+    index: int  # of the `if` statement in the forward's body
+    cache: str  # the cache's name (past_key_values, cache)
+    position: str | None  # the forward's `cache_position` parameter where it has one (transformers <= 5.0)
+
+
+def find_cache_update(forward: cst.FunctionDef, index: int, qkv: tuple[str, str, str]) -> CacheUpdate | None:
+    """The KV-cache update at statement `index` of the attention's forward, updating q/k/v's k and v; None
+    when that statement is anything else (the prologue then leaves the update to run as written)."""
+    statements = body_statements(forward)
+    if index >= len(statements) or not isinstance(statements[index], cst.If):
+        return None
+    test = statements[index].test
+    if not (
+        isinstance(test, cst.Comparison)
+        and isinstance(test.left, cst.Name)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.IsNot)
+        and is_name(test.comparisons[0].comparator, "None")
+    ):
+        return None
+    cache, (_, k, v) = test.left.value, qkv
+    for statement in statements[index].body.body:
+        assign = single_assign(statement)
+        call = assign.value if assign is not None else None
+        if (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and is_name(call.func.value, cache)
+            and call.func.attr.value == "update"
+            and target_names(assign) == (k, v)
+        ):
+            params = forward.params
+            named = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+            return CacheUpdate(index, cache, "cache_position" if "cache_position" in named else None)
+    return None
+
+
 def find_o_proj(module: cst.Module, class_name: str, where: str, op: str) -> tuple[cst.FunctionDef, str, int]:
     """(forward, its **kwargs name, index of `x = self.o_proj(x)`) of the attention class."""
     forward, kwargs = attention_forward(module, class_name, where, op)

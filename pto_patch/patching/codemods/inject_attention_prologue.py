@@ -107,13 +107,18 @@ class InjectAttentionPrologue:
         names |= dict(zip(("Q", "K", "V"), map(cst.Name, prologue.qkv), strict=True))
         if sectioned:
             names["SECTION"] = args[4]
-        block = template_piece(
-            TEMPLATE,
-            "prologue_sectioned" if sectioned else "prologue_mixed",
-            names,
-            {"KEPT": kept, "ORIGINAL": wrapped},
-        )
-        attention[prologue.first_projection : prologue.rotary + 1] = block
+        piece = "prologue_sectioned" if sectioned else "prologue_mixed"
         received = template_piece(TEMPLATE, "prologue_received", {"KWARGS": cst.Name(prologue.kwargs)})
+        update = dl.find_cache_update(prologue.forward, prologue.rotary + 1, prologue.qkv)
+        if update is not None:  # the op writes a static cache itself; the update then runs only if it did not
+            piece += "_cached"
+            position = cst.Name(update.position or "None")
+            names |= {"CACHE": cst.Name(update.cache), "POSITION": position}
+            attention[update.index : update.index + 1] = template_piece(
+                TEMPLATE, "prologue_cache_update", {}, {"ORIGINAL": [attention[update.index]]}
+            )
+            received += template_piece(TEMPLATE, "prologue_cache_received", {})
+        block = template_piece(TEMPLATE, piece, names, {"KEPT": kept, "ORIGINAL": wrapped})
+        attention[prologue.first_projection : prologue.rotary + 1] = block
         forward = dl.with_body(prologue.forward, dl.insert_after_docstring(attention, received))
         return with_import_sys(dl.replace_method(module, layer.attention_class, forward))

@@ -37,6 +37,9 @@ WIDTHS = {"hidden": 2048, "intermediate": 11008, "q_heads": 16, "kv_heads": 2, "
 SECTION = (16, 24, 24)
 # the attention core: a static cache of 512 positions, 300 of them valid, at most 16 new rows
 CORE_CACHE, CORE_VALID, CORE_MAX_ROWS = 512, 300, 16
+# checks of an op's other entry, by the name the report gives them -> the op they are counted under:
+# the prologue that also writes a decode step's k and v into a static cache (one row, at CORE_VALID)
+ENTRY_CHECKS = {"attention_prologue_cached": "attention_prologue"}
 EPS = 1e-6
 # relative error (norm of the difference over the norm of the float64 reference) a kernel may reach
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-5}
@@ -255,6 +258,7 @@ def _inputs(torch, tokens: int, gen) -> dict[str, Any]:
         "key_cache": torch.randn(1, WIDTHS["kv_heads"], CORE_CACHE, dim, generator=gen),
         "value_cache": torch.randn(1, WIDTHS["kv_heads"], CORE_CACHE, dim, generator=gen),
         "kv_lens": torch.tensor([CORE_VALID]),
+        "position": torch.tensor([CORE_VALID]),  # where attention_prologue_cached writes
     }
 
 
@@ -286,6 +290,16 @@ def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
         return kernels.attention_prologue_wrapper(
             m["attention"], m["norm"], i["hidden_states"], i["cos"], i["sin"], list(SECTION)
         )
+    if op == "attention_prologue_cached":  # the first token, into copies of the caches at CORE_VALID
+        attention, row = m["attention"], slice(0, 1)
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        caches = (i["key_cache"].clone(), i["value_cache"].clone())
+        query = kernels.ops.attention_prologue_cached(
+            i["hidden_states"][:, row], m["norm"].weight, EPS, q.weight, q.bias, k.weight, k.bias,
+            v.weight, v.bias, i["cos"][:, :, row], i["sin"][:, :, row], list(SECTION), WIDTHS["head_dim"],
+            *caches, i["position"],
+        )  # fmt: skip
+        return (query, *caches)
     if op == "attention_core":
         scale = WIDTHS["head_dim"] ** -0.5
         return kernels.attention_core_wrapper(
@@ -313,17 +327,18 @@ def check_op(
     import torch
 
     check = OpCheck(op, backend, "error", tolerance=TOLERANCE[str(dtype).removeprefix("torch.")])
+    counted = ENTRY_CHECKS.get(op, op)
     kernels.reset_stats()
     times = []
     try:
-        with torch.no_grad(), kernels.enabled((op,), backend=backend):
+        with torch.no_grad(), kernels.enabled((counted,), backend=backend):
             for _ in range(1 + timed_calls):
                 _synchronize(torch, device)
                 start = time.perf_counter()
                 output = _call(kernels, op, modules, inputs)
                 _synchronize(torch, device)
                 times.append(time.perf_counter() - start)
-            stats = kernels.stats()[op]
+            stats = kernels.stats()[counted]
     except Exception as exc:  # noqa: BLE001 - the torch path itself failed: reported, not raised
         check.reason = f"{type(exc).__name__}: {exc}"
         return check
@@ -377,7 +392,8 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
     interpreter_missing = choice.kind == "cpu" and "pypto" in backends and shutil.which("g++") is None
     cpu, f64 = torch.device("cpu"), torch.float64
     wide = {name: _moved(value, torch, cpu, f64) for name, value in (modules | inputs).items()}
-    for op in kernels.OPS:
+    entries = [name for name in ENTRY_CHECKS if hasattr(getattr(kernels, "ops", None), name)]
+    for op in (*kernels.OPS, *entries):  # an older kernel package has no such entry: not checked
         expected = _reference(kernels, op, wide, torch)
         for backend in backends:
             if backend == "pypto" and importlib.util.find_spec("pypto") is None:
@@ -407,5 +423,5 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
 def _reference(kernels, op: str, wide: dict[str, Any], torch):
     """`op` on the reference backend in float64 on the CPU (`wide`: the modules and inputs in float64):
     what every backend is measured against."""
-    with torch.no_grad(), kernels.enabled((op,), backend="torch"):
+    with torch.no_grad(), kernels.enabled((ENTRY_CHECKS.get(op, op),), backend="torch"):
         return _flat(torch, _call(kernels, op, wide, wide))
