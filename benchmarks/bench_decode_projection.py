@@ -206,7 +206,8 @@ def _print(projection: dict, soc: dict, args) -> None:
     fused = projection["variants"]["fused"]
     print(
         f"blocks, eager, all {args.launches} kernels a step dispatches launched: {fused['eager_all_launches_ms']:.2f} ms; "
-        f"the baseline's {STEP_LAUNCHES['baseline']} launches alone: {projection['baseline_launches_only_ms']:.2f} ms"
+        f"the baseline's {STEP_LAUNCHES['baseline']} launches alone (eager, growing cache):"
+        f" {projection['baseline_launches_only_ms']:.2f} ms"
     )
     print(
         f"with the {fused['other_kernels']} other kernels a blocks step dispatches (cache lengths, per-step ops;"

@@ -448,9 +448,13 @@ def test_attention_prologue_before_and_after_with_a_cache_update(ctx, release, p
     assert flat.count(".update(key_states, value_states, self.layer_idx") == 1
 
 
-def test_an_update_of_other_tensors_is_left_as_it_is(ctx):
-    """Only the update of the prologue's own k and v is the one its op can do."""
-    after = run(InjectAttentionPrologue(), _with_update("5.16", "other_k, other_v"), ctx)
+@pytest.mark.parametrize("other", ["targets", "layer"])
+def test_an_update_of_other_tensors_or_another_layer_is_left_as_it_is(ctx, other):
+    """Only the update of the prologue's own k and v, for its own layer, is the one its op can do."""
+    source = _with_update("5.16", "other_k, other_v") if other == "targets" else _with_update("5.16")
+    if other == "layer":  # as a model whose layers share another layer's cache would write it
+        source = source.replace("value_states, self.layer_idx)", "value_states, self.kv_shared_layer_index)")
+    after = run(InjectAttentionPrologue(), source, ctx)
     assert "pto_cache_written" not in after and "attention_prologue_wrapper(" in after
 
 

@@ -148,3 +148,22 @@ def test_verify_and_bench_reports_carry_the_compile_seconds_apart():
     reports = op_reports(stats, ("rms_norm", "mrope"))
     assert reports["rms_norm"].compile_s == 2.5 and reports["mrope"].compile_s is None
     assert reports["rms_norm"].to_json()["compile_s"] == 2.5
+
+
+@pytest.mark.parametrize("wrong", ["q 10 % off", "no write"])
+def test_the_cache_writing_check_catches_a_wrong_q_or_a_missing_write(narrow, monkeypatch, wrong):
+    """The check compares q and the rows written, not the untouched caches that would dilute an error."""
+    from pto_kernels.backends import fused
+
+    right = fused.attention_prologue_cached
+
+    def sabotaged(*args):
+        if wrong == "no write":
+            *prologue, _, _, _ = args
+            return fused.attention_prologue(*prologue)[0]
+        return right(*args) * 1.1
+
+    monkeypatch.setattr(fused, "attention_prologue_cached", sabotaged)
+    report = doctor.run_doctor("cpu", "bf16", with_pypto=False, tokens=1)
+    failed = [(c.op, c.backend, c.status) for c in report.checks if c.status != "ok"]
+    assert failed == [("attention_prologue_cached", "fused", "failed")]

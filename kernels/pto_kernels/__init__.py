@@ -348,11 +348,24 @@ def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
     return _attention_core(query, key_cache, value_cache, kv_lens, scale)
 
 
+def _implementation(attention) -> str | None:
+    """The attention function a model runs (transformers' `config._attn_implementation`)."""
+    return getattr(getattr(attention, "config", None), "_attn_implementation", None)
+
+
 def attention_core_model_wrapper(attention, query, key_cache, value_cache, attention_mask):
     """attention_core_wrapper as a patched attention calls it, in place of its attention function: each
     sequence's length read from the mask the attention received (backends/decode_lengths.py: once per forward, not
-    per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d]."""
+    per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d].
+
+    Without a mask, sdpa runs several new rows as `is_causal`, which aligns them to the keys' start (row i
+    sees keys 0 .. i): a static cache's short prefill, whose positions after the rows were never written;
+    the op gets the first `rows` positions then. Flash attention aligns them to the keys' end, as the op
+    does, and one row sees every key under both: the op gets them all."""
     scale = float(attention.scaling)
+    rows = query.shape[2]
+    if attention_mask is None and rows > 1 and _implementation(attention) == "sdpa":
+        key_cache, value_cache = key_cache[:, :, :rows], value_cache[:, :, :rows]
     if _tracing():
         return ops.attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
     return _attention_core_masked(query, key_cache, value_cache, attention_mask, scale)

@@ -147,7 +147,7 @@ def main(out_path: str) -> None:
 
 CACHE_LEN = 8
 # (case, the position tensor transformers hands over): 5.8's [1] counter, 5.16+'s 0-d counter, 4.57's
-# cache_position; a sabotaged one, read as a wrong position by the test
+# cache_position
 CACHE_POSITIONS = {
     "counter": torch.tensor([5]),
     "scalar": torch.tensor(2),

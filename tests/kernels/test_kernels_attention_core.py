@@ -196,39 +196,56 @@ def test_lengths_are_read_from_every_mask_form():
     ]  # 2-D padding mask
 
 
-def test_without_a_mask_several_rows_are_the_valid_prefix():
-    """sdpa runs several new rows without a mask as `is_causal`, aligned to the keys' start: a static cache's
-    short prefill (9 rows, 12 positions) sees 9 positions, not the 3 never written after them."""
-    from pto_kernels.backends import decode_lengths
+class _Attention(torch.nn.Module):
+    """What the core's model wrapper reads of an attention: its scale and its config's implementation."""
 
-    keys = torch.zeros(1, 2, 12, 8)
-    assert decode_lengths.count(None, keys, 9).tolist() == [9]
-    assert decode_lengths.count(None, keys, 1).tolist() == [12]  # one row sees every key
-    assert decode_lengths.count(None, torch.zeros(1, 2, 9, 8), 9).tolist() == [9]  # a growing cache
+    def __init__(self, implementation: str, dim: int):
+        super().__init__()
+        self.scaling = dim**-0.5
+        self.config = type("Config", (), {"_attn_implementation": implementation})()
 
 
-@pytest.mark.parametrize("backend", ["reference", "fused"])
-def test_a_static_cache_prefill_without_a_mask_matches_sdpa_is_causal(backend, monkeypatch):
-    """What transformers computes for a short prefill into a static cache (sdpa, no mask, is_causal): the
-    op must match it; counting every cache position as valid (the tail is zeros) would not."""
-    from pto_kernels.backends import decode_lengths, fused, reference
-
+def _prefill_case(past: int, rows: int, cache_len: int, dim: int = 16):
     gen = torch.Generator().manual_seed(7)
-    q = torch.randn(1, 4, 9, 16, generator=gen)
-    keys, values = torch.zeros(1, 2, 12, 16), torch.zeros(1, 2, 12, 16)
-    keys[:, :, :9], values[:, :, :9] = torch.randn(2, 1, 2, 9, 16, generator=gen)
-    expected = (
-        torch.nn.functional.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
-        .transpose(1, 2)
-        .reshape(1, 9, 64)
+    q = torch.randn(1, 4, rows, dim, generator=gen)
+    keys, values = torch.zeros(1, 2, cache_len, dim), torch.zeros(1, 2, cache_len, dim)
+    keys[:, :, : past + rows], values[:, :, : past + rows] = torch.randn(
+        2, 1, 2, past + rows, dim, generator=gen
     )
-    module = reference if backend == "reference" else fused
-    monkeypatch.setattr(decode_lengths, "LENGTHS", decode_lengths._Lengths())
-    out = module.attention_core_masked(q, keys, values, None, 16**-0.5)
-    torch.testing.assert_close(out, expected)
-    every_position = torch.full((1,), 12)
-    wrong = module.attention_core(q, keys, values, every_position, 16**-0.5)
-    assert not torch.allclose(wrong, expected, atol=1e-3)
+    return q, keys, values
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+def test_sdpa_without_a_mask_at_a_static_cache_prefill_sees_the_rows_only(backend):
+    """sdpa runs several new rows without a mask as `is_causal`, aligned to the keys' start: a static
+    cache's short prefill (9 rows, 12 positions) sees 9 positions, never the 3 after them (zeros)."""
+    q, keys, values = _prefill_case(0, 9, 12)
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    want = want.transpose(1, 2).reshape(1, 9, 64)
+    with pto_kernels.enabled(["attention_core"], backend=backend):
+        got = pto_kernels.attention_core_model_wrapper(_Attention("sdpa", 16), q, keys, values, None)
+    torch.testing.assert_close(got, want)
+    every_position = reference.attention_core(q, keys, values, torch.tensor([12]), 16**-0.5)
+    assert not torch.allclose(every_position, want, atol=1e-3)  # what counting the whole cache gave
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused"])
+def test_flash_attention_without_a_mask_aligns_the_rows_to_the_keys_end(backend):
+    """Flash attention passes no mask for a growing cache with a past: its causal rows end at the keys'
+    end (row i sees keys 0 .. past + i), as the op's lengths do: every key."""
+    q, keys, values = _prefill_case(20, 4, 24)
+    allowed = torch.ones(4, 24, dtype=torch.bool).tril(20)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=allowed, enable_gqa=True
+    )
+    want = want.transpose(1, 2).reshape(1, 4, 64)
+    with pto_kernels.enabled(["attention_core"], backend=backend):
+        got = pto_kernels.attention_core_model_wrapper(
+            _Attention("flash_attention_2", 16), q, keys, values, None
+        )
+        as_sdpa = pto_kernels.attention_core_model_wrapper(_Attention("sdpa", 16), q, keys, values, None)
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(as_sdpa, want, atol=1e-3)  # sdpa's start alignment would be wrong here
 
 
 def test_lengths_are_counted_once_per_mask():

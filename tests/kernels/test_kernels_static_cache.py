@@ -138,3 +138,27 @@ def test_the_wrapper_falls_through_to_the_update_when_there_is_no_target():
         )
         assert pto_kernels.stats()["attention_prologue"]["cache_writes"] == 0
     assert not written and k.shape == (1, KV_HEADS, 1, DIM) and cache.get_seq_length() == 5
+
+
+def test_one_rows_write_launches_what_transformers_update_does():
+    """The torch path's write of one new row: the two index_copy_ at the position tensor itself, no index
+    built (transformers 4.57 - 5.0 pass their cache_position straight to index_copy_)."""
+    from pto_kernels.backends import reference
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not getattr(func, "is_view", False):
+                self.kernels.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    caches = [torch.zeros(1, KV_HEADS, CACHE_LEN, DIM) for _ in "kv"]
+    new = [torch.randn(1, KV_HEADS, 1, DIM) for _ in "kv"]
+    with Counting() as counted:
+        reference.write_cache(*caches, *new, torch.tensor([4]))
+    assert counted.kernels == ["aten.index_copy_", "aten.index_copy_"]
+    torch.testing.assert_close(caches[0][:, :, 4:5], new[0], rtol=0, atol=0)

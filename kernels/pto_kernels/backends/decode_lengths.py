@@ -1,7 +1,8 @@
 """Each sequence's valid KV length, read from the attention mask a decoder layer's attention receives.
 
-transformers hands the attention its mask in one of three forms: None (sdpa then runs with `is_causal`
-when there are several new rows, else with every key visible), a bool mask [b, 1, q, kv] (True: visible; sdpa over a static cache), or an
+transformers hands the attention its mask in one of three forms: None (every key position visible to the
+last row: a growing cache under sdpa or flash attention; see attention_core_model_wrapper for sdpa's
+`is_causal` prefill), a bool mask [b, 1, q, kv] (True: visible; sdpa over a static cache), or an
 additive float mask of the same shape (0: visible, the dtype's minimum: masked; eager); a 2-D [b, kv]
 padding mask under flash attention. The last query row of a decode step sees every valid position, so the
 count of its visible positions is the sequence's length, provided what it sees is a prefix of the cache:
@@ -24,17 +25,11 @@ def version_of(tensor: torch.Tensor) -> int:
     return -1 if tensor.is_inference() else tensor._version
 
 
-def count(attention_mask: torch.Tensor | None, keys: torch.Tensor, rows: int = 1) -> torch.Tensor:
-    """[b] int64: the visible positions of each sequence's last query row, at most the keys' length.
-
-    Without a mask: one new row sees every key (a growing cache holds just the valid ones); several new
-    rows are sdpa's `is_causal`, which aligns them to the keys' start (row i sees keys 0 .. i), so the
-    valid positions are the rows themselves: a growing cache's prefill, and a static cache's too, whose
-    keys run on past the rows into positions never written."""
+def count(attention_mask: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+    """[b] int64: the visible positions of each sequence's last query row, at most the keys' length."""
     batch, cache_len = keys.shape[0], keys.shape[2]
     if attention_mask is None:
-        valid = cache_len if rows == 1 else min(rows, cache_len)
-        return torch.full((batch,), valid, dtype=torch.int64, device=keys.device)
+        return torch.full((batch,), cache_len, dtype=torch.int64, device=keys.device)
     last = attention_mask if attention_mask.dim() == 2 else attention_mask[:, 0, -1]
     last = last[..., :cache_len]
     visible = last if last.dtype == torch.bool else (last == 0 if last.is_floating_point() else last != 0)
@@ -50,14 +45,14 @@ class _Lengths:
         self._value: torch.Tensor | None = None
         self.builds = 0
 
-    def get(self, attention_mask: torch.Tensor | None, keys: torch.Tensor, rows: int = 1) -> torch.Tensor:
-        if attention_mask is None:  # from the shapes alone: the same for every layer of a forward
-            key = (None, keys.shape[0], keys.shape[2], keys.device, rows)
+    def get(self, attention_mask: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+        if attention_mask is None:  # the lengths are the keys': the same for every layer of a forward
+            key = (None, keys.shape[0], keys.shape[2], keys.device)
         else:
             key = (id(attention_mask), version_of(attention_mask), tuple(attention_mask.shape), keys.shape[2])
         if key != self._key:
             self._key, self._held = key, (attention_mask,)
-            self._value = count(attention_mask, keys, rows)
+            self._value = count(attention_mask, keys)
             self.builds += 1
         return self._value
 

@@ -232,5 +232,5 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
 
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
     """attention_core with the lengths read from the model's attention mask, once per forward."""
-    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache, query.shape[2])
+    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
     return attention_core(query, key_cache, value_cache, kv_lens, scale)

@@ -248,7 +248,9 @@ def write_cache(key_cache, value_cache, key, value, position) -> None:
     """transformers' StaticLayer.update on its caches: the s new rows of key / value [b, kv_heads, s, d] at
     cache positions position[0] .. position[0] + s - 1, in place."""
     check_cache_write(key, key_cache, value_cache, position)
-    at = position.reshape(-1)[:1] + torch.arange(key.shape[2], device=position.device)
+    at = position.reshape(-1)[:1]  # a view: one new row writes where transformers' update would
+    if key.shape[2] > 1:
+        at = at + torch.arange(key.shape[2], device=position.device)
     key_cache.index_copy_(2, at, key)
     value_cache.index_copy_(2, at, value)
 
@@ -332,5 +334,5 @@ def attention_core(
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
     """attention_core with each sequence's length read from the attention mask the model built
     (decode_lengths.count; uncached: this is also the op's fake, run on fake tensors)."""
-    kv_lens = decode_lengths.count(attention_mask, key_cache, query.shape[2])
+    kv_lens = decode_lengths.count(attention_mask, key_cache)
     return attention_core(query, key_cache, value_cache, kv_lens, scale)

@@ -342,12 +342,19 @@ def find_cache_update(forward: cst.FunctionDef, index: int, qkv: tuple[str, str,
     for statement in statements[index].body.body:
         assign = single_assign(statement)
         call = assign.value if assign is not None else None
+        positional = (
+            [arg.value for arg in call.args if arg.keyword is None] if isinstance(call, cst.Call) else []
+        )
         if (
             isinstance(call, cst.Call)
             and isinstance(call.func, cst.Attribute)
             and is_name(call.func.value, cache)
             and call.func.attr.value == "update"
             and target_names(assign) == (k, v)
+            and len(positional) >= 3
+            and is_name(positional[0], k)
+            and is_name(positional[1], v)
+            and self_attribute(positional[2]) == "layer_idx"
         ):
             params = forward.params
             named = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
