@@ -1,7 +1,7 @@
 """What one decode step would cost on a 910B, on paper: the PyPTO cost model's kernel spans, summed.
 
     python benchmarks/bench_decode_projection.py [--json out.json] [--contexts 1024,4096] [--launch-us 16.8]
-                                                 [--launches 167] [--timeout S]
+                                                 [--launches 131] [--timeout S]
 
 A projection, not a measurement: nothing here runs on a device. One decode step of GutenOCR-3B at
 batch 1 (widths as bench_sim.py: hidden 2048, MLP 11008, 16 q / 2 kv heads of 128, vocabulary 151,936):
@@ -12,10 +12,10 @@ batch 1 (widths as bench_sim.py: hidden 2048, MLP 11008, 16 q / 2 kv heads of 12
   floor of reading its K and V once at the model's bandwidth; nothing is estimated;
 - the final RMSNorm (1 x 2048) and the lm_head as one plain matmul kernel (2048 -> 151,936), simulated.
 Over the static cache a captured step decodes over, the blocks' prologue is the kernel that also writes
-the step's k and v into the cache (`attention_prologue_cached`, simulated; transformers' cache update does
-not run). Those are the package's kernels, and the headline. A blocks step dispatches more (`--launches`,
-167): each layer's cache length advanced in place (one `add_` a layer, transformers 5.8 - 5.25) and a few
-dozen per-step ops (embedding, rotary tables, mask, lengths), torch's, which the cost model cannot run. A
+the step's k and v into the cache and advances the layer's length (`attention_prologue_cached`, simulated;
+transformers' cache update does not run). Those are the package's kernels, and the headline. A blocks step
+dispatches more (`--launches`, 131): a few dozen per-step ops (embedding, rotary tables, mask, lengths),
+torch's, which the cost model cannot run. A
 last line adds them, each at the span of a small PyPTO kernel that writes one cache's new rows
 (bench_sim's `kv_cache_write`, simulated): a proxy, printed apart from the headline.
 
@@ -23,7 +23,7 @@ Printed per layer variant, in ms per token:
 - captured (ACL graph): the kernels back to back, no host launch between them: the sum of the spans;
 - eager: the same plus a launch cost per kernel, `--launch-us` (pypto-gym measured 16.8 us on a 910B
   for one small PyPTO RMSNorm kernel: another kernel, the order of magnitude of a launch), for the
-  modeled kernels only and for every kernel the step dispatches (`--launches`: 167 with the blocks and the
+  modeled kernels only and for every kernel the step dispatches (`--launches`: 131 with the blocks and the
   core on 36 layers over the static cache, 196 over the growing one, 1,461 for the baseline, as
   `bench_launches.py --layers 2,36 [--cache static]` counted them);
 beside the seed's 90 ms a token (the reference's 11.1 tok/s on a 910B), the weight-streaming floor (the
@@ -48,9 +48,9 @@ VOCAB = 151_936
 SEED_MS = 90.0  # the reference's baseline on a 910B: 11.1 tok/s at batch 1
 LAUNCH_US = 16.8  # pypto-gym: one 1x2048 PyPTO RMSNorm kernel on a 910B, end to end
 # bench_launches.py --layers 2,36: the blocks and the core over the static cache a captured step decodes
-# over (--cache static, transformers 5.8 - 5.25; 131 under 4.57 - 5.0, whose cache keeps no length of its
-# own to advance), the baseline over the growing one
-STEP_LAUNCHES = {"blocks": 167, "baseline": 1461}
+# over (--cache static, transformers 5.25.0; 129 under 5.8.1, 138 under 4.57.6: 3 a layer under each, the
+# prologue writing the cache and advancing a 5.8+ layer's length), the baseline over the growing one
+STEP_LAUNCHES = {"blocks": 131, "baseline": 1461}
 FINAL = [("rms_norm", {"width": bench_sim.TEXT}), ("linear", {"out": VOCAB, "in": bench_sim.TEXT})]
 CONTEXTS = (1024, 4096)
 
@@ -210,8 +210,8 @@ def _print(projection: dict, soc: dict, args) -> None:
         f" {projection['baseline_launches_only_ms']:.2f} ms"
     )
     print(
-        f"with the {fused['other_kernels']} other kernels a blocks step dispatches (cache lengths, per-step ops;"
-        f" torch's, not simulated: each at a {projection['other_kernel_proxy_us']} us PyPTO cache write, a"
+        f"with the {fused['other_kernels']} other kernels a blocks step dispatches (per-step ops: embedding,"
+        f" rotary tables, mask, lengths; torch's, not simulated: each at a {projection['other_kernel_proxy_us']} us PyPTO cache write, a"
         f" proxy): captured {fused['captured_with_others_ms']:.2f} ms"
         f" ({projection['captured_blocks_with_others_over_weight_floor']:.2f}x the weight floor)"
     )

@@ -150,17 +150,20 @@ def test_verify_and_bench_reports_carry_the_compile_seconds_apart():
     assert reports["rms_norm"].to_json()["compile_s"] == 2.5
 
 
-@pytest.mark.parametrize("wrong", ["q 10 % off", "no write"])
+@pytest.mark.parametrize("wrong", ["q 10 % off", "no write", "no advance"])
 def test_the_cache_writing_check_catches_a_wrong_q_or_a_missing_write(narrow, monkeypatch, wrong):
-    """The check compares q and the rows written, not the untouched caches that would dilute an error."""
+    """The check compares q and the rows written, not the untouched caches that would dilute an error,
+    and the layer's length exactly (the op advances it where transformers 5.8+ keeps one)."""
     from pto_kernels.backends import fused
 
     right = fused.attention_prologue_cached
 
     def sabotaged(*args):
         if wrong == "no write":
-            *prologue, _, _, _ = args
+            *prologue, _, _, _, _ = args
             return fused.attention_prologue(*prologue)[0]
+        if wrong == "no advance":
+            return right(*args[:-1], False)
         return right(*args) * 1.1
 
     monkeypatch.setattr(fused, "attention_prologue_cached", sabotaged)

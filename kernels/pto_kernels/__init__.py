@@ -307,18 +307,18 @@ def attention_prologue_cache_wrapper(
 ):
     """attention_prologue_wrapper where the attention's cache update follows: (q, k, v, written). When the
     cache is transformers' static cache and the call a decode of one row (static_cache.write_target), the
-    op also writes k and v into the layer's caches at the update's position (one kernel on the pypto
-    backend), advances the layer's length where the release keeps one, and hands back the caches as k and
-    v with written True: the attention then skips its update. Otherwise (q, k, v, False), as
+    op also writes k and v into the layer's caches at the update's position and advances the layer's
+    length where the release keeps one (one kernel on the pypto backend), and hands back the caches as k
+    and v with written True: the attention then skips its update. Otherwise (q, k, v, False), as
     attention_prologue_wrapper. `position`: the attention's `cache_position` argument (4.57 - 5.0) or None."""
     target = static_cache.write_target(cache, attention.layer_idx, hidden_states, position)
     if target is None:
         return (*attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_section), False)
     args = _prologue_args(attention, norm, hidden_states)
     args += (cos, sin, [int(s) for s in mrope_section], int(attention.head_dim))
-    args += (target.keys, target.values, target.position)
+    args += (target.keys, target.values, target.position, target.advance)
     q = ops.attention_prologue_cached(*args) if _tracing() else _attention_prologue_cached(*args)
-    return _written(target, hidden_states, q)
+    return q, target.keys, target.values, True
 
 
 def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, sin, cache, position):
@@ -327,14 +327,8 @@ def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, 
     if target is None:
         return (*attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin), False)
     args = _prologue_args(attention, norm, hidden_states) + (cos, sin, int(attention.head_dim))
-    args += (target.keys, target.values, target.position)
+    args += (target.keys, target.values, target.position, target.advance)
     q = ops.attention_prologue_mixed_cached(*args) if _tracing() else _attention_prologue_mixed_cached(*args)
-    return _written(target, hidden_states, q)
-
-
-def _written(target, hidden_states, q):
-    if target.advance:  # as StaticLayer.update (5.8+) advances its length after a write
-        target.position.add_(hidden_states.shape[1])
     return q, target.keys, target.values, True
 
 

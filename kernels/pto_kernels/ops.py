@@ -20,10 +20,12 @@ and the decoder-layer blocks, several of a layer's ops in one launch (reference.
                                              mrope_section, head_dim) -> (q, k, v)
     torch.ops.pto_kernels.attention_prologue_mixed(x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin,
                                                    head_dim) -> (q, k, v)
-    torch.ops.pto_kernels.attention_prologue_cached(<attention_prologue's>, key_cache, value_cache, position)
+    torch.ops.pto_kernels.attention_prologue_cached(<attention_prologue's>, key_cache, value_cache, position,
+                                                    advance)
     torch.ops.pto_kernels.attention_prologue_mixed_cached(<attention_prologue_mixed's>, key_cache,
-                                                          value_cache, position)
-        -> q; k and v written into the static caches at position (the cache update's work, in place)
+                                                          value_cache, position, advance)
+        -> q; k and v written into the static caches at position, and position advanced by the new rows
+           with advance (the cache update's work, in place)
 
 and the attention core between them, over the static KV cache of a decode step:
 
@@ -196,11 +198,12 @@ def _attention_prologue_cached(
     key_cache: Tensor,
     value_cache: Tensor,
     position: Tensor,
+    advance: bool,
 ) -> Tensor:
     return _run(
         "attention_prologue_cached",
         (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
-        + (mrope_section, head_dim, key_cache, value_cache, position),
+        + (mrope_section, head_dim, key_cache, value_cache, position, advance),
     )
 
 
@@ -220,11 +223,12 @@ def _attention_prologue_mixed_cached(
     key_cache: Tensor,
     value_cache: Tensor,
     position: Tensor,
+    advance: bool,
 ) -> Tensor:
     return _run(
         "attention_prologue_mixed_cached",
         (hidden_states, norm_weight, eps, q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, cos, sin)
-        + (head_dim, key_cache, value_cache, position),
+        + (head_dim, key_cache, value_cache, position, advance),
     )
 
 
@@ -260,10 +264,11 @@ _OPS = {
     "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
-# ops that write into arguments of theirs (the static KV cache), as torch.library must be told
+# ops that write into arguments of theirs (the static KV cache, the position with advance), as torch.library
+# must be told
 _MUTATES = {
-    "attention_prologue_cached": ("key_cache", "value_cache"),
-    "attention_prologue_mixed_cached": ("key_cache", "value_cache"),
+    "attention_prologue_cached": ("key_cache", "value_cache", "position"),
+    "attention_prologue_mixed_cached": ("key_cache", "value_cache", "position"),
 }
 
 

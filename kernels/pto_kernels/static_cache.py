@@ -7,7 +7,8 @@ prologue's op writes k and v into the layer's caches (one kernel on the pypto ba
 returns k and v and the update runs as written. transformers' StaticLayer.update, by release:
 - 4.57 - 5.0: writes at `cache_kwargs["cache_position"]`, the attention's `cache_position` argument;
 - 5.8 - 5.25: writes at its own `cumulative_length` (int64: shape [1] in 5.8, 0-d from 5.16) and advances
-  it in place by the new rows (`advance`: the wrapper does that after the write, as the update would).
+  it in place by the new rows (`advance`: the op does that after the write, as the update would; on the
+  pypto backend inside the same kernel).
 A target is given only for what the op takes and transformers' update would do the same: one new row
 (batch-1 decode); the cache's own `Cache.update` (not a subclass's) with no offloading; the layer a
 `StaticLayer` (not a sliding-window one) already allocated, in the new rows' dtype and on their device;
@@ -27,7 +28,7 @@ class WriteTarget(NamedTuple):
     keys: torch.Tensor  # [1, kv_heads, cache_len, head_dim]
     values: torch.Tensor
     position: torch.Tensor  # int64, its first element the new row's position
-    advance: bool  # the layer counts its own length (5.8+): advance it by the new rows after the write
+    advance: bool  # the layer counts its own length (5.8+): the op advances it after the write
 
 
 def _is_transformers(cls: type, name: str) -> bool:

@@ -167,16 +167,23 @@ def cached_prologues(i: dict) -> dict:
             torch.full((1, K_HEADS, CACHE_LEN, head_dim), float("nan"), dtype=torch.bfloat16) for _ in "kv"
         ]
         args = (i["hidden_states"], i["norm_weight"], EPS, *projections)
+        position = position.clone()
+        at = int(position.reshape(-1)[0])
+        advance = case != "cache_position"  # a layer's own length (5.8+) advances; cache_position does not
         if case == "scalar":  # the mixed entry (transformers 5.20+'s tables)
             cos, sin = mixed(i["cos"], i["section"]), mixed(i["sin"], i["section"])
-            q = pypto_blocks.attention_prologue_mixed_cached(*args, cos, sin, head_dim, *caches, position)
+            q = pypto_blocks.attention_prologue_mixed_cached(
+                *args, cos, sin, head_dim, *caches, position, advance
+            )
         else:
             q = pypto_blocks.attention_prologue_cached(
-                *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position
+                *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position, advance
             )
         out[f"attention_prologue_cached/{case}"] = {
             "inputs": i,
-            "position": int(position.reshape(-1)[0]),
+            "position": at,
+            "advance": advance,
+            "position_after": position,
             "output": (q, *caches),
         }
     return out

@@ -325,11 +325,16 @@ def test_the_cache_writing_prologue_says_what_it_mutates():
         randn(kv_heads * dim, hidden), randn(kv_heads * dim),
         randn(kv_heads * dim, hidden), randn(kv_heads * dim),
         randn(1, 1, dim), randn(1, 1, dim), dim,
-        torch.zeros(1, kv_heads, 6, dim), torch.zeros(1, kv_heads, 6, dim), torch.tensor([3]),
+        torch.zeros(1, kv_heads, 6, dim), torch.zeros(1, kv_heads, 6, dim), torch.tensor([3]), True,
     )  # fmt: skip
     schema = str(ops.attention_prologue_mixed_cached._schema)
     assert "Tensor(a12!) key_cache" in schema and "Tensor(a13!) value_cache" in schema
+    assert "Tensor(a14!) position" in schema
     torch.library.opcheck(ops.attention_prologue_mixed_cached, args)
-    written = args[12]
+    written, position = args[12], args[14]
+    position.fill_(3)  # opcheck ran the op several times, each advancing it
     ops.attention_prologue_mixed_cached(*args)
     assert written[:, :, 3].abs().sum() > 0 and not written[:, :, :3].any() and not written[:, :, 4:].any()
+    assert position.tolist() == [4]
+    ops.attention_prologue_mixed_cached(*args[:-1], False)  # cache_position (4.57 - 5.0): left as it is
+    assert position.tolist() == [4] and written[:, :, 4].abs().sum() > 0

@@ -140,6 +140,16 @@ def test_the_cached_prologue_writes_k_and_v_at_the_position_its_tensor_holds(cas
     _check_cached(result, result["position"])
 
 
+@pytest.mark.parametrize("case", ["counter", "scalar", "cache_position"])
+def test_the_cached_prologue_advances_a_length_in_the_same_kernel(case, results):
+    """With advance (a 5.8+ layer's own length, [1] or 0-d) the kernel leaves the position one further, in
+    its tensor's own form and dtype; without (the attention's cache_position, 4.57 - 5.0) untouched."""
+    result = results["results"][f"attention_prologue_cached/{case}"]
+    after, at = result["position_after"], result["position"]
+    assert after.dtype == torch.int64 and after.shape == runner.CACHE_POSITIONS[case].shape
+    assert after.reshape(-1).tolist() == [at + 1 if result["advance"] else at]
+
+
 def test_the_cache_wrapper_runs_the_pypto_kernel_on_transformers_static_cache(results):
     """A decode step into the installed transformers' StaticCache (5 positions prefilled), backend pypto,
     strict: one pypto call that wrote the cache; the new k and v at position 5, the prefill kept, the rest

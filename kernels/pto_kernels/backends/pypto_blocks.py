@@ -357,13 +357,16 @@ class _ToCache:
 
 
 def _build_attention_prologue_cached(
-    hidden, q_heads, k_heads, dim, cache_len, dtype, table_dtype, eps, config, device_type
+    hidden, q_heads, k_heads, dim, cache_len, dtype, table_dtype, eps, config, device_type, advance=False
 ):
     """attention_prologue's kernel for one row (batch-1 decode, the static `one_row` tiling) that writes its
     k and v rows straight into a static KV cache instead of outputs: key_cache / value_cache
     [kv_heads * cache_len, dim] (one sequence's [1, kv_heads, cache_len, dim] cache, flat), at the row
     position[0, 0] (int32, read inside the kernel: the low word of transformers' int64 position); q out
-    as before. The cache write transformers makes next (two index_copy_ launches) is then done."""
+    as before. The cache write transformers makes next (two index_copy_ launches) is then done. With
+    `advance` the kernel also writes position + 1 into `length` (the caller passes the position itself:
+    transformers 5.8+'s StaticLayer counts its own length and advances it after each write, one more
+    launch otherwise); without, `length` is left as it is."""
     pypto = _pypto()
     dt, tdt = _dtype(dtype), _dtype(table_dtype)
     q_width, kv_width = q_heads * dim, k_heads * dim
@@ -385,6 +388,7 @@ def _build_attention_prologue_cached(
         key_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
         value_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
         q_out: pypto.Tensor([1, q_width], dt),
+        length: pypto.Tensor([1, 2], pypto.DT_INT32),
     ):
         for _ in pypto.loop(1):
             at = position[0, 0]
@@ -392,9 +396,23 @@ def _build_attention_prologue_cached(
             pypto.set_cube_tile_shapes(m, proj_k, proj_n)
             writer = _ToCache(q_out, key_cache, value_cache, at, (q_heads, k_heads), dim, cache_len)
             epilogue(xt, (q_w, k_w, v_w), (q_b, k_b, v_b), (cos, sin, 0, 1, 1), writer)
+            _advance_length(position, length, advance, scope=q_heads + k_heads + 2)
         pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
     return attention_prologue_cached_kernel
+
+
+def _advance_length(position, length, advance: bool, scope: int) -> None:
+    """Inside the cached prologue's kernel, when `advance`: the position's low int32 word plus one, into
+    `length`'s (a task of its own, beside the matmuls; the high word is left: positions fit a cache, far
+    under 2**31). The rows' write position was read before any task ran, so `length` may be the position
+    itself."""
+    if not advance:
+        return
+    pypto = _pypto()
+    pypto.set_pass_options(sg_set_scope=scope)
+    pypto.set_vec_tile_shapes(1, 1)
+    pypto.assemble(pypto.add(pypto.view(position, [1, 1], [0, 0]), 1), [0, 0], length)
 
 
 def _rms_scale(xt, hidden: int, eps: float):
@@ -470,8 +488,8 @@ NORM_FOLDED = _NormFolded()
 
 def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, cache=None):
     """attention_prologue(_mixed)'s body with cos/sin section-mixed ([b, s, d] or [b, 1, s, d]). With
-    `cache` (key_cache, value_cache, position): the cached kernel, which writes k and v into the caches and
-    returns q alone."""
+    `cache` (key_cache, value_cache, position, advance): the cached kernel, which writes k and v into the
+    caches (and advances the position by the row with `advance`) and returns q alone."""
     if hidden_states.dim() != 3:
         raise ValueError(
             f"pypto attention_prologue takes hidden_states [b, s, hidden], not {tuple(hidden_states.shape)}"
@@ -529,9 +547,10 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, 
 
 def _prologue_into_cache(args, shape, config, cache):
     """The cached kernel's call: one row (batch-1 decode) into a [1, kv_heads, cache_len, d] static cache
-    at the position its int64 tensor holds (read as the low int32 word inside the kernel). q [1, q_width]."""
+    at the position its int64 tensor holds (read as the low int32 word inside the kernel), the position
+    advanced by one in the same kernel with `advance`. q [1, q_width]."""
     hidden, q_heads, k_heads, head_dim, dtype, table_dtype, eps, device_type = shape
-    key_cache, value_cache, position = cache
+    key_cache, value_cache, position, advance = cache
     x = args[0]
     if x.shape[0] != 1 or not config.static:
         raise ValueError(f"pypto attention_prologue writes a cache for one new row, not {x.shape[0]}")
@@ -547,18 +566,29 @@ def _prologue_into_cache(args, shape, config, cache):
     cache_len = key_cache.shape[2]
     # int64 positions are little-endian on every host and device pypto runs on: the low word comes first
     at = position.reshape(-1)[:1].view(torch.int32).reshape(1, 2)
-    key = _kernel_key("attention_prologue_cached", config, 1, *shape, cache_len)
+    advance = bool(advance)
+    key = _kernel_key("attention_prologue_cached", config, 1, *shape, cache_len, advance)
     kernel = _kernel(
         key,
         device_type,
         lambda: _build_attention_prologue_cached(
-            hidden, q_heads, k_heads, head_dim, cache_len, dtype, table_dtype, eps, config, device_type
+            hidden,
+            q_heads,
+            k_heads,
+            head_dim,
+            cache_len,
+            dtype,
+            table_dtype,
+            eps,
+            config,
+            device_type,
+            advance,
         ),
     )
     q_out = _new_output(x.new_empty(1, q_heads * head_dim))
     flat = (key_cache.view(k_heads * cache_len, head_dim), value_cache.view(k_heads * cache_len, head_dim))
     with _launching(x):
-        kernel(*args, at, *flat, q_out)
+        kernel(*args, at, *flat, q_out, at)  # `length` is the position: advanced in place when asked
     return q_out
 
 
@@ -609,21 +639,23 @@ def attention_prologue_mixed(
 
 def attention_prologue_cached(*args):
     """attention_prologue (reference.attention_prologue_cached's arguments) that also writes k and v into a
-    static cache at the given position, in the same kernel: q. One new row (batch-1 decode) only."""
-    *prologue_args, key_cache, value_cache, position = args
+    static cache at the given position and, with `advance`, advances the position by the row, in the same
+    kernel: q. One new row (batch-1 decode) only."""
+    *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, mrope_section, head_dim) = prologue_args
     mixed_cos, mixed_sin = _mixed_tables(x, cos, sin, mrope_section, head_dim)
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
-    cache = (key_cache, value_cache, position)
+    cache = (key_cache, value_cache, position, advance)
     return _prologue(x, norm_w, eps, projections, mixed_cos, mixed_sin, head_dim, cache)
 
 
 def attention_prologue_mixed_cached(*args):
     """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
-    *prologue_args, key_cache, value_cache, position = args
+    *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, head_dim) = prologue_args
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
-    return _prologue(x, norm_w, eps, projections, cos, sin, head_dim, (key_cache, value_cache, position))
+    cache = (key_cache, value_cache, position, advance)
+    return _prologue(x, norm_w, eps, projections, cos, sin, head_dim, cache)
 
 
 # --- a plain projection: the per-op baseline of the cost model's decoder-layer row --------------------

@@ -257,17 +257,22 @@ def write_cache(key_cache, value_cache, key, value, position) -> None:
 
 def prologue_cached(prologue, args: tuple) -> torch.Tensor:
     """An attention prologue entry (a backend's own) followed by the cache write, on the arguments of
-    attention_prologue(_mixed) followed by key_cache, value_cache and position. Returns q."""
-    *prologue_args, key_cache, value_cache, position = args
+    attention_prologue(_mixed) followed by key_cache, value_cache, position and advance (True: the position
+    is the layer's own length, advanced in place by the new rows after the write, as transformers 5.8+'s
+    StaticLayer.update does). Returns q."""
+    *prologue_args, key_cache, value_cache, position, advance = args
     q, k, v = prologue(*prologue_args)
     write_cache(key_cache, value_cache, k, v, position)
+    if advance:
+        position.add_(k.shape[2])
     return q
 
 
 def attention_prologue_cached(*args) -> torch.Tensor:
     """attention_prologue, then its k and v written into the static caches at `position` (what the
     attention's `cache.update` does next): attention_prologue's arguments, then key_cache, value_cache
-    [b, kv_heads, cache_len, head_dim] and position (int64; its first element the first new row's). q."""
+    [b, kv_heads, cache_len, head_dim], position (int64; its first element the first new row's) and
+    advance (advance the position by the new rows after the write). q."""
     return prologue_cached(attention_prologue, args)
 
 

@@ -272,6 +272,20 @@ def _moved(value, torch, device, dtype):
     return value
 
 
+class _Length(int):
+    """The layer's length after attention_prologue_cached ran: compared exactly, apart from the outputs
+    (one number among them would dilute, or swamp, their relative error)."""
+
+    def __new__(cls, position):
+        return super().__new__(cls, int(position.reshape(-1)[0]))
+
+
+def _split_length(output):
+    if isinstance(output, tuple) and output and isinstance(output[-1], _Length):
+        return output[:-1], output[-1]
+    return output, None
+
+
 def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
     """One call of `op`'s wrapper, as a patched decoder layer makes it."""
     if op == "rms_norm":
@@ -294,13 +308,14 @@ def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
         attention, row = m["attention"], slice(0, 1)
         q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
         caches = (i["key_cache"].clone(), i["value_cache"].clone())
+        position = i["position"].clone()  # a 5.8+ layer's own length: the op advances it by the row
         query = kernels.ops.attention_prologue_cached(
             i["hidden_states"][:, row], m["norm"].weight, EPS, q.weight, q.bias, k.weight, k.bias,
             v.weight, v.bias, i["cos"][:, :, row], i["sin"][:, :, row], list(SECTION), WIDTHS["head_dim"],
-            *caches, i["position"],
+            *caches, position, True,
         )  # fmt: skip
         at = CORE_VALID  # q and the rows written: the rest of the caches would dilute the error
-        return query, caches[0][:, :, at], caches[1][:, :, at]
+        return query, caches[0][:, :, at], caches[1][:, :, at], _Length(position)
     if op == "attention_core":
         scale = WIDTHS["head_dim"] ** -0.5
         return kernels.attention_core_wrapper(
@@ -347,6 +362,7 @@ def check_op(
     check.run_ms = statistics.median(times[1:]) * 1e3 if len(times) > 1 else None
     if backend == "pypto":
         check.compile_s = stats["pypto_kernels"]["compile_s"]
+    output, length = _split_length(output)
     got = _flat(torch, output)
     diff = (got - expected).abs()
     finite = bool(torch.isfinite(got).all())
@@ -354,6 +370,9 @@ def check_op(
     check.rel_error = float((got - expected).norm() / expected.norm()) if finite else float("inf")
     if stats["fallbacks"]:
         check.status, check.reason = "fell back", stats["first_fallback_error"]
+    elif length is not None and length != CORE_VALID + 1:
+        check.status = "failed"
+        check.reason = f"the layer's length left at {length}, not advanced to {CORE_VALID + 1}"
     elif check.rel_error <= check.tolerance:
         check.status = "ok"
     else:
@@ -425,4 +444,4 @@ def _reference(kernels, op: str, wide: dict[str, Any], torch):
     """`op` on the reference backend in float64 on the CPU (`wide`: the modules and inputs in float64):
     what every backend is measured against."""
     with torch.no_grad(), kernels.enabled((ENTRY_CHECKS.get(op, op),), backend="torch"):
-        return _flat(torch, _call(kernels, op, wide, wide))
+        return _flat(torch, _split_length(_call(kernels, op, wide, wide))[0])
