@@ -287,7 +287,7 @@ def _table_config(op: str, params: dict):
 
 
 def _sim_block(op: str, params: dict, config) -> None:
-    from pto_kernels.backends import pypto_blocks
+    from pto_kernels.backends import pypto_blocks, pypto_prologue
 
     bf16, rows, eps = torch.bfloat16, params["rows"], 1e-6
     x = torch.randn(rows, TEXT, dtype=bf16)
@@ -324,7 +324,7 @@ def _sim_block(op: str, params: dict, config) -> None:
         )
     elif op == "attention_prologue_cached":  # 1 row; k and v into a static cache at a position read inside
         context, q_width = params["context"], Q_HEADS * HEAD_DIM
-        kernel = pypto_blocks._build_attention_prologue_cached(
+        kernel = pypto_prologue._build_attention_prologue_cached(
             TEXT, Q_HEADS, K_HEADS, HEAD_DIM, context, bf16, bf16, eps, config, "sim", advance=True
         )  # as transformers 5.8+ runs it: the layer's length advanced in the kernel
         weights = [torch.randn(n, TEXT, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
@@ -337,7 +337,7 @@ def _sim_block(op: str, params: dict, config) -> None:
             position, *caches, torch.empty(1, q_width, dtype=bf16), position,
         )  # fmt: skip
     else:
-        kernel = pypto_blocks._build_attention_prologue(
+        kernel = pypto_prologue._build_attention_prologue(
             rows, TEXT, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, eps, config, "sim"
         )
         q_width = Q_HEADS * HEAD_DIM

@@ -104,7 +104,7 @@ def _weights(gen, out_features, in_features):
 def run_case(case: str, rows: int) -> dict:
     """Build the case's kernel as its entry does, call it once through the interpreter, check every output."""
     import torch
-    from pto_kernels.backends import pypto_blocks, pypto_kernels
+    from pto_kernels.backends import pypto_blocks, pypto_kernels, pypto_prologue
     from pto_kernels.tiling.tile_table import tile_config
 
     bf16, gen = torch.bfloat16, torch.Generator().manual_seed(rows * 31 + len(case))
@@ -157,8 +157,8 @@ def run_case(case: str, rows: int) -> dict:
             inv_freq = 1.0 / (1e6 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM))
             angles = torch.cat((positions[..., None] * inv_freq,) * 2, dim=-1)
             cos, sin = _mixed(angles.cos(), SECTION).to(bf16), _mixed(angles.sin(), SECTION).to(bf16)
-            folded = [pypto_blocks.NORM_FOLDED.get(w, norm_w, bf16) for w in weights]
-            kernel = pypto_blocks._build_attention_prologue(
+            folded = [pypto_prologue.NORM_FOLDED.get(w, norm_w, bf16) for w in weights]
+            kernel = pypto_prologue._build_attention_prologue(
                 rows, HIDDEN, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, EPS, config, "cpu"
             )
             (q_b, q), (k_b, k), (v_b, v) = (poisoned(rows, n, bf16) for n in (q_width, kv_width, kv_width))

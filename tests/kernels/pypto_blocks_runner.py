@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
-from pto_kernels.backends import pypto, pypto_blocks, pypto_kernels  # noqa: E402
+from pto_kernels.backends import pypto, pypto_blocks, pypto_kernels, pypto_prologue  # noqa: E402
 from pto_kernels.tiling.tile_table import tile_config  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
@@ -172,11 +172,11 @@ def cached_prologues(i: dict) -> dict:
         advance = case != "cache_position"  # a layer's own length (5.8+) advances; cache_position does not
         if case == "scalar":  # the mixed entry (transformers 5.20+'s tables)
             cos, sin = mixed(i["cos"], i["section"]), mixed(i["sin"], i["section"])
-            q = pypto_blocks.attention_prologue_mixed_cached(
+            q = pypto_prologue.attention_prologue_mixed_cached(
                 *args, cos, sin, head_dim, *caches, position, advance
             )
         else:
-            q = pypto_blocks.attention_prologue_cached(
+            q = pypto_prologue.attention_prologue_cached(
                 *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position, advance
             )
         out[f"attention_prologue_cached/{case}"] = {

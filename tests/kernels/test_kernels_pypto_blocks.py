@@ -213,9 +213,9 @@ def test_one_kernel_per_entry_dtype_and_shape_class(results):
 
 
 def test_norm_folded_weights_are_made_once_and_again_after_a_change():
-    from pto_kernels.backends import pypto_blocks
+    from pto_kernels.backends import pypto_prologue
 
-    folded = pypto_blocks._NormFolded()
+    folded = pypto_prologue._NormFolded()
     weight, norm = torch.randn(8, 4), torch.rand(4) + 0.5
     first = folded.get(weight, norm, torch.float32)
     torch.testing.assert_close(first, weight * norm)

@@ -1,7 +1,8 @@
 """The backends, one module per way of computing the ops: `reference` (the eager torch math, as
 transformers writes it), `fused` (fewer, fused torch ops), `npu` (torch_npu's fused ops) and the PyPTO
 kernels (`pypto`: the entries the dispatcher calls; `pypto_kernels`: the reference's three ops and the
-machinery the blocks share; `pypto_blocks`: the decoder-layer blocks; `pypto_device`: PyPTO's pre-flight on
+machinery the blocks share; `pypto_blocks`: the decoder-layer blocks; `pypto_prologue`: the attention
+prologue's, the static KV cache's write among them; `pypto_device`: PyPTO's pre-flight on
 an NPU).
 
 A backend imports other backends and the tile tables (`..tiling`), never what picks, counts or declares the
