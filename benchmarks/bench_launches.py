@@ -1,12 +1,13 @@
 """Kernels per decode step: how many launches one generated token costs, baseline against PTO mode.
 
     python benchmarks/bench_launches.py [--model qwen3_vl_4b_instruct] [--layers 2,36] [--backend fused|npu]
-        [--cache dynamic|static] [--json out.json]
+        [--cache dynamic|static] [--batch 1] [--json out.json]
 
 For each layer count, builds `make-tiny --layers N` (random weights, the spec's narrow test widths: what
 is counted does not depend on the widths), applies the patch, loads the model as users do (transformers'
 default sdpa attention), prefills a short prompt and counts the ops one decode step (batch 1, KV cache)
-dispatches, under a `TorchDispatchMode`, in each mode:
+dispatches, under a `TorchDispatchMode`, in each mode (`--batch B`: B prompts of different lengths, left
+padded as `generate` pads them, one step of B new rows):
 - baseline: every switch off;
 - reference: rms_norm, mrope, swiglu_mlp on (the reference system's flags);
 - blocks: attention_prologue and mlp_block on (with rms_norm for the final norm): a decoder layer is the
@@ -72,8 +73,23 @@ def modes_for(injections) -> dict[str, tuple[str, ...]]:
     }
 
 
+def left_padded_prompts(batch: int):
+    """(input_ids, attention_mask) [batch, 8]: prompt b of 8 - b % 8 tokens after b % 8 pads (id 0)."""
+    import torch
+
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]] * batch)
+    mask = torch.ones_like(ids)
+    for b in range(batch):
+        ids[b, : b % 8], mask[b, : b % 8] = 0, 0
+    return ids, mask
+
+
 def count_decode_step(
-    folder: Path, modes: dict[str, tuple[str, ...]] = MODES, backend: str = "fused", cache: str = "dynamic"
+    folder: Path,
+    modes: dict[str, tuple[str, ...]] = MODES,
+    backend: str = "fused",
+    cache: str = "dynamic",
+    batch: int = 1,
 ) -> dict[str, dict]:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -118,7 +134,7 @@ def count_decode_step(
         npu = sys.modules["torch_npu"] = stand_in_torch_npu.make_module()
     else:
         pto_kernels._tracing = lambda: True  # the custom ops, as a compiled or captured model calls them
-    prompt = torch.tensor([[1, 5, 9, 42, 7, 3, 11, 2]])
+    prompt, mask = left_padded_prompts(batch)
     results = {}
     for mode, ops in modes.items():
         with torch.no_grad(), pto_kernels.enabled(ops, backend=backend):
@@ -126,15 +142,21 @@ def count_decode_step(
             if cache == "static":  # the graph path's cache: the prologue writes the step's k and v itself
                 text = model.config.get_text_config(decoder=True)
                 extra["past_key_values"] = StaticCache(config=text, max_cache_len=STATIC_CACHE_LEN)
-            out = model(input_ids=prompt, use_cache=True, **extra)
+            out = model(input_ids=prompt, attention_mask=mask, use_cache=True, **extra)
             step = out.logits[:, -1:].argmax(-1)
+            step_mask = torch.cat((mask, torch.ones_like(step)), -1)
             pto_kernels.reset_stats()
             with Counting() as counted:
                 if npu is not None:
                     npu.calls.clear()
                     npu.copies.clear()
                     npu.inside = counted.pause
-                model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+                model(
+                    input_ids=step,
+                    attention_mask=step_mask,
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                )
         total = sum(counted.ops.values())
         custom = {name: n for name, n in counted.ops.items() if name.startswith("pto_kernels.")}
         if npu is not None:  # each torch_npu op and each copy aclnn makes: one kernel
@@ -170,6 +192,7 @@ def main() -> None:
         default="dynamic",
         help="the KV cache: transformers' default growing one, or the static one compiled and graph runs use",
     )
+    parser.add_argument("--batch", type=int, default=1, help="sequences in the step (left padded)")
     parser.add_argument("--json", type=Path, help="write the counts here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
@@ -186,7 +209,7 @@ def main() -> None:
         folder = work / f"layers-{n}"
         tiny_model.make_tiny(folder, model=args.model, layers=n, widths=widths)
         engine.apply_patch(model_path=folder, model=args.model)
-        counts[n] = count_decode_step(folder, modes, args.backend, args.cache)
+        counts[n] = count_decode_step(folder, modes, args.backend, args.cache, args.batch)
 
     print(
         f"{'layers':>6} {'mode':<10} {'aten+pto ops':>12} {'kernels':>8} {'x baseline':>10}  pto_kernels ops"

@@ -195,8 +195,9 @@ def min_bytes(op: str, params: dict) -> int:
     rows = params["rows"]
     if (
         op == "attention_core"
-    ):  # the K and V of every cache position (the floor the issue names): q, out aside
-        return BF16_BYTES * 2 * K_HEADS * HEAD_DIM * params["context"]
+    ):  # the K and V of every used cache position of every sequence (the floor the issue names): q, out aside
+        used = params.get("used", params["context"])
+        return BF16_BYTES * 2 * K_HEADS * HEAD_DIM * used * params.get("batch", 1)
     if op == "kv_cache_write":  # the new rows in, the same rows written into the cache
         return BF16_BYTES * 2 * K_HEADS * rows * HEAD_DIM
     if op == "rms_norm":
@@ -360,26 +361,24 @@ def _sim_block(op: str, params: dict, config) -> None:
 
 
 def _sim_core(params: dict, config) -> None:
+    """The attention core over a static cache of `context` positions, `batch` sequences (default 1) each
+    `used` positions long (default: the whole cache): the kernel runs the chunks the lengths touch."""
     from pto_kernels.backends import pypto_attention
 
     bf16, rows, context = torch.bfloat16, params["rows"], params["context"]
+    batch, used = params.get("batch", 1), params.get("used", context)
     group = Q_HEADS // K_HEADS
     kernel = pypto_attention._build_attention_core(
-        1, K_HEADS, group, rows, context, HEAD_DIM, bf16, HEAD_DIM**-0.5, config, "sim"
+        batch, K_HEADS, group, rows, context, HEAD_DIM, bf16, HEAD_DIM**-0.5, config, "sim"
     )
-    chunks = -(-context // pypto_attention.chunk_width(config, context))
-    q = torch.randn(K_HEADS * group * rows, HEAD_DIM, dtype=bf16)
-    cache = torch.randn(K_HEADS * context, HEAD_DIM, dtype=bf16)
-    bias = pypto_attention.mask_bias(torch.tensor([context]), group, rows, context)
-    kernel(
-        q,
-        cache,
-        cache.clone(),
-        bias,
-        torch.empty_like(q),
-        torch.empty(q.shape[0], 2 * -(-chunks // 8) * 8),
-        torch.empty(q.shape[0], chunks * HEAD_DIM),
-    )
+    chunk = pypto_attention.chunk_width(config, context, batch * K_HEADS)
+    q = torch.randn(batch * K_HEADS * group * rows, HEAD_DIM, dtype=bf16)
+    cache = torch.randn(batch * K_HEADS * context, HEAD_DIM, dtype=bf16)
+    lengths, starts = torch.full((batch,), used), torch.zeros(batch, dtype=torch.int64)
+    bias = pypto_attention.mask_bias(lengths, group, rows, context)
+    spans = pypto_attention.chunk_spans(starts, lengths, chunk, context)
+    ml, acc = pypto_attention.neutral_partials(q.shape[0], -(-context // chunk), HEAD_DIM, "cpu")
+    kernel(q, cache, cache.clone(), bias, spans, torch.empty_like(q), ml, acc)
 
 
 def _sim_cache_write(params: dict) -> None:
@@ -583,7 +582,9 @@ def _label(entry: dict) -> str:
     if entry["op"] == "linear":
         return f"linear {p['rows']} tok {p['in']}-{p['out']}"
     if entry["op"] == "attention_core":
-        return f"attention_core {p['rows']} row ctx {p['context']}"
+        batch = f" b{p['batch']}" if p.get("batch", 1) != 1 else ""
+        used = f" used {p['used']}" if p.get("used", p["context"]) != p["context"] else ""
+        return f"attention_core {p['rows']} row ctx {p['context']}{batch}{used}"
     if entry["op"] in ("mlp_block", "attention_prologue"):
         return f"{entry['op']} {p['rows']} tok"
     if entry["op"].startswith("decoder_layer/"):

@@ -4,8 +4,8 @@
 
 A small, fixed candidate set per (op, shape class) is simulated at a representative GutenOCR shape,
 each in its own subprocess with a time limit (SIM compiles with g++ and is CPU-heavy). Results are cached
-in kernels/pto_kernels/tiling/tile_search.json keyed by op, shape and tiling, so a rerun only simulates what is
-new; that file is the provenance of tile_table.TILE_TABLE (and of BLOCK_TILE_TABLE's decode entries), whose
+in benchmarks/tile_search.json (beside this script, not in the kernel package a patched folder receives)
+keyed by op, shape and tiling, so a rerun only simulates what is new; that file is the provenance of tile_table.TILE_TABLE (and of BLOCK_TILE_TABLE's decode entries), whose
 entries are copied from the best candidate here by hand after the CPU interpreter tests pass with them.
 
 A candidate whose matmul tiles break the chip's buffers by PyPTO's documented formulas (tile_budget.py) is
@@ -27,7 +27,7 @@ import bench_sim  # noqa: E402
 from pto_kernels.tiling import tile_budget  # noqa: E402
 from pto_kernels.tiling.tile_table import TileConfig  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "kernels" / "pto_kernels" / "tiling" / "tile_search.json"
+RESULTS = Path(__file__).resolve().parent / "tile_search.json"
 
 _L1 = "cube_l1_reuse_setting"
 _NBUF = "cube_nbuffer_setting"

@@ -13,6 +13,7 @@ EXIT_USAGE = 2
 EXIT_VERIFY_FAILED = 3
 EXIT_DRIFTED = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it (128 + SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): `kill PID`, a scheduler's time-out
 
 
 class PtoPatchError(Exception):
@@ -33,7 +34,9 @@ class ModelFolderError(PtoPatchError):
 
 
 class SpecError(PtoPatchError):
-    """An unknown or malformed model spec."""
+    """An unknown or malformed model spec: a bad `--model` value, refused before anything loads."""
+
+    exit_code = EXIT_USAGE
 
 
 class SourceNotFoundError(PtoPatchError):

@@ -24,6 +24,11 @@ def summary() -> list[str]:
         lines.append(
             f"races: {c['races']} concurrent commands in {c['race_rounds']} rounds, original kept every time"
         )
+    if c["generated_cases"]:
+        lines.append(
+            f"generated bad inputs: {c['generated_cases']} cases, {c['generated_clear']} ended in one error line "
+            "+ hint, the documented exit code, the folder unchanged"
+        )
     if c["bad_inputs"]:
         lines.append(
             f"bad inputs: {c['bad_inputs']} inputs, {c['bad_input_runs']} command runs, each one line + hint, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pto_patch.run.diagnosis import ascend_pairs
 from pto_patch.run.diagnosis.ascend_pairs import check_pair, torch_for, torch_npu_for
 
@@ -9,7 +11,9 @@ from pto_patch.run.diagnosis.ascend_pairs import check_pair, torch_for, torch_np
 def test_the_reference_stack_is_a_published_pair_and_names_what_it_found():
     pair = check_pair("2.9.0+cpu", "2.9.0.post2", "8.5.1")
     assert pair.ok and pair.status == "published" and pair.hint is None
-    assert pair.line == "torch 2.9.0+cpu with torch_npu 2.9.0.post2, CANN 8.5.1: a published pair"
+    assert pair.line == (
+        "torch 2.9.0+cpu with torch_npu 2.9.0.post2, CANN 8.5.1: a published pair; Ascend lists CANN 9.0.0 for it"
+    )
 
 
 def test_a_torch_npu_for_another_torch_is_a_mismatch_with_the_torch_it_needs():
@@ -36,7 +40,19 @@ def test_the_table_pairs_each_release_with_its_own_torch_and_cites_cann_only_whe
     assert torch_npu_for("2.14.1") == [] and torch_npu_for("2.14.0") == ["2.14.0"]
     assert set(ascend_pairs.CANN) <= set(ascend_pairs.PUBLISHED)
     assert check_pair("2.8.0", "2.8.0.post2").cann_listed == "8.5.0"
-    assert check_pair("2.9.0", "2.9.0.post2").cann_listed is None  # the table read does not list it
+
+
+@pytest.mark.parametrize(
+    ("torch_npu", "cann"),
+    [("2.9.0.post2", "9.0.0"), ("2.7.1.post4", "9.0.0"), ("2.8.0.post4", "9.0.0"), ("2.12.0", "9.1.0"),
+     ("2.10.0.post4", "9.1.0"), ("2.9.0", "8.5.0"), ("2.1.0.post8", "8.0.RC3"), ("2.13.0", None), ("2.14.0", None),
+     ("2.9.0.post4", None)],
+)  # fmt: skip
+def test_the_cann_listed_is_ascend_pytorch_compatibility_md_s(torch_npu, cann):
+    """Ascend/pytorch COMPATIBILITY.md (master bcfb2c8e): 2.13.0 and 2.14.0 have no row, nor 2.9.0.post4."""
+    pair = check_pair(torch_for(torch_npu), torch_npu)
+    assert pair.cann_listed == cann
+    assert (f"Ascend lists CANN {cann} for it" in pair.line) == (cann is not None)
 
 
 def test_doctor_reports_the_pair_in_its_stack(monkeypatch):

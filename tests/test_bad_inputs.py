@@ -20,8 +20,9 @@ import pytest
 from pto_patch.errors import EXIT_OK
 from pto_patch.patching import engine, fileio
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG, write_config
 from tests.robustness_counts import COUNTS
-from tests.test_engine import HUB_CONFIG, run_cli, write_config
 
 COMMANDS = ("apply", "status", "restore")
 

@@ -6,9 +6,6 @@ Speed is never asserted here; the bench reports ratios, measured side by side in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,26 +18,9 @@ from pto_patch.patching import engine
 from pto_patch.patching.manifest import STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench
 from pto_patch.run.device import DeviceChoice
+from tests.helpers.cli import run_process
 
 MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}
-
-
-def run_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("PTO_KERNELS_BACKEND", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pto_patch", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=600,
-    )
 
 
 def test_parse_batches():
@@ -148,7 +128,7 @@ def test_bench_on_the_tiny_model_writes_both_reports(tmp_path: Path):
     make_tiny(folder)
     engine.apply_patch(model_path=folder)
     out_dir = tmp_path / "results"
-    done = run_cli(
+    done = run_process(
         ["bench", "--model-path", str(folder), "--batches", "1,2", "--output_length", "4", "--warmup", "0",
          "--iters", "1", "--output-dir", str(out_dir), "--json"],
         tmp_path,

@@ -21,7 +21,7 @@ from pto_patch.patching.codemods.inject_rms_norm import InjectRmsNorm
 from pto_patch.patching.codemods.inject_swiglu_mlp import InjectSwigluMlp
 from pto_patch.patching.codemods.node_walk import copy_on_write, find_all
 from pto_patch.patching.codemods.rename_classes import RenameClasses
-from tests.test_codemods_blocks import DECODER
+from tests.helpers.decoder_source import DECODER
 
 FILE = "modeling_qwen2_5_vl.py"
 

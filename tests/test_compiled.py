@@ -425,3 +425,50 @@ def test_inductor_bounds_checks_are_turned_off_only_where_torch_miscompiles_them
     (note,) = inductor_workarounds("inductor", "cpu")
     assert note.startswith("torch 2.9.0+cu128: inductor's index bounds checks are off on the CPU")
     assert inductor.assert_indirect_indexing is False
+
+
+# pto-patch ARGV... in a fresh process with the skewing torch.compile backend registered first
+WITH_SKEWING_BACKEND = """
+import sys
+from tests.helpers.skewing_backend import register
+register()
+from pto_patch.cli.app import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_a_compile_fault_both_modes_share_fails_verify_naming_the_mode(patched_tiny: Path, tmp_path: Path):
+    """Both compiled runs hold the backend's skew from each graph's third call; judged against the eager
+    unpatched model, the kernels-off run fails at decode step 3 and the failure names torch.compile, not a
+    kernel. The same run under the plain eager backend passes (the case that shows the skew is the fault)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(repo), env.get("PYTHONPATH", "")]))
+    env.pop("PTO_KERNELS_BACKEND", None)
+    args = ["verify", "--model-path", str(patched_tiny), "--output_length", "8", "--json", "--use_compile"]
+    args += ["--dtype", "fp32", "--warmup", "0", "--iters", "1"]
+    runs = {}
+    for backend in ("pto_test_skewing", "eager"):
+        done = subprocess.run(
+            [sys.executable, "-c", WITH_SKEWING_BACKEND, *args, "--backend", backend],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=900,
+        )
+        runs[backend] = (done.returncode, json.loads(done.stdout), done.stderr)
+    code, report, stderr = runs["pto_test_skewing"]
+    assert code == 3, stderr[-3000:]
+    assert report["mode"] == "torch.compile (pto_test_skewing)"
+    assert report["judged"]["baseline"]["first_failing_step"] == 3
+    message = next(
+        f for f in report["failures"] if f.startswith("baseline (torch.compile (pto_test_skewing))")
+    )
+    assert (
+        "decode step 3" in message
+        and "a fault of torch.compile (pto_test_skewing), not a kernel's" in message
+    )
+    code, report, stderr = runs["eager"]
+    assert code == 0 and report["passed"], (report["failures"], stderr[-3000:])

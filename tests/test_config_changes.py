@@ -10,7 +10,8 @@ import pytest
 from pto_patch.errors import ModelFolderError
 from pto_patch.patching import engine
 from tests.folder_snapshot import snapshot
-from tests.test_engine import HUB_CONFIG, run_cli, write_config
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG, write_config
 
 
 def folder_with(tmp_path: Path, **changes) -> Path:

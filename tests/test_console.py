@@ -75,15 +75,33 @@ def test_a_plain_line_is_printed_as_rich_would_print_it_without_rich(capsys, std
     assert "rich_console" not in vars(console)  # rich was never needed
 
 
-def test_a_line_rich_would_change_goes_through_rich(capsys):
+def test_a_line_rich_would_change_goes_through_rich_as_text(capsys):
+    """Through rich, but as text: markup is only read where a caller asks for it (`markup=True`)."""
     from pto_patch.cli.console import _Console, is_plain
 
     console = _Console(stderr=False)
     for text in RICH_LINES:
         assert not is_plain(text), text
         console.print(text)
-        assert capsys.readouterr().out == rich_prints(text), text
-    assert any(rich_prints(text) != text + "\n" for text in RICH_LINES)
+        assert capsys.readouterr().out == rich_prints(text, markup=False), text
+    assert any(rich_prints(text, markup=False) != text + "\n" for text in RICH_LINES)
+    console.print("[red]x[/] y", markup=True)
+    assert capsys.readouterr().out == "x y\n"
+
+
+@pytest.mark.parametrize("name", ["mk[/]", "a[red]b", "x[/bold]y[", "[link=file:///etc]z"])
+def test_markup_in_a_folder_name_is_printed_as_written_by_every_folder_command(tmp_path, capsys, name: str):
+    """apply, status and restore over a folder whose path holds rich markup: exit 0, the path as it is."""
+    from pto_patch.hub.tiny_model import make_tiny
+    from tests.test_engine import run_cli
+
+    folder = tmp_path / name
+    make_tiny(folder)
+    for command in ("apply", "status", "restore"):
+        assert run_cli(command, "--model-path", str(folder)) == 0, command
+        captured = capsys.readouterr()
+        assert "unexpected error" not in captured.err, (command, captured.err)
+        assert str(folder.resolve()) in captured.out.replace("\n", ""), (command, captured.out)
 
 
 def test_piped_tables_are_not_cut_at_80_columns(monkeypatch, capsys):

@@ -16,7 +16,7 @@ import torch
 
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED
 from pto_patch.run.diagnosis import doctor
-from tests.test_json_output import assert_document
+from tests.helpers.json_documents import assert_document
 
 REPO = Path(__file__).resolve().parents[1]
 OPS = (

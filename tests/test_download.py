@@ -14,7 +14,6 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 
-from pto_patch.cli.app import main
 from pto_patch.errors import DownloadError
 from pto_patch.hub import download as download_engine
 from pto_patch.hub import hub_errors
@@ -22,6 +21,7 @@ from pto_patch.hub.download import DOWNLOAD_RECORD, download_model
 from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import load_spec
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
 from tests.local_hub import LocalHub, read_folder
 
 REPO = load_spec("gutenocr_3b").hub_repo_id
@@ -85,12 +85,6 @@ def leftovers(folder: Path) -> list[str]:
         for p in folder.rglob("*")
         if p.name.endswith((".incomplete", ".tmp", ".lock")) and p.stat().st_size
     ]
-
-
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
 
 
 # --- transfers ------------------------------------------------------------------------------------
@@ -432,7 +426,7 @@ def test_an_output_dir_under_a_file_is_one_line_and_a_hint(hub: LocalHub, tmp_pa
 def test_a_folder_another_pto_patch_works_on_is_refused_at_once(hub: LocalHub, tmp_path: Path) -> None:
     from pto_patch.errors import FolderBusyError
     from pto_patch.patching import folder_lock
-    from tests.test_folder_lock import Holder
+    from tests.helpers.lock_holder import Holder
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -10,46 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.cli.app import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError, SpecError
 from pto_patch.model.spec import OPS
 from pto_patch.patching import engine, fileio
 from pto_patch.patching.manifest import Manifest, drifted_files
 from tests.folder_snapshot import snapshot
-
-HUB_CONFIG = {
-    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-    "model_type": "qwen2_5_vl",
-    "hidden_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "rope_scaling": {"type": "default", "mrope_section": [16, 24, 24]},
-    "torch_dtype": "bfloat16",
-    "vision_config": {"hidden_size": 1280},
-    "tie_word_embeddings": True,
-}
-
-
-def write_config(folder: Path, data: dict, newline: str = "\n") -> Path:
-    text = json.dumps(data, indent=2).replace("\n", newline) + newline
-    path = folder / "config.json"
-    path.write_bytes(text.encode())
-    return path
-
-
-@pytest.fixture()
-def model_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "GutenOCR-3B"
-    folder.mkdir()
-    write_config(folder, HUB_CONFIG)
-    (folder / "tokenizer.json").write_text("{}")
-    return folder
-
-
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG, write_config
 
 
 def test_apply_then_restore_is_byte_identical(model_folder: Path):
@@ -249,7 +216,8 @@ def _bad_folders(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 def test_bad_folders_get_one_line_a_hint_and_exit_1(tmp_path: Path, capsys, case):
     folder, message = _bad_folders(tmp_path)[case]
     before = snapshot(folder) if folder.exists() else None
-    assert run_cli("apply", "--model-path", str(folder)) == 1
+    # a file the tool reads that is not what it must be is the user's input: exit 2 (issue 51)
+    assert run_cli("apply", "--model-path", str(folder)) == (2 if case == "malformed config.json" else 1)
     stderr = capsys.readouterr().err
     lines = stderr.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("error:") and lines[1].startswith("hint:")

@@ -36,8 +36,12 @@ from pto_patch.errors import PtoPatchError
 from pto_patch.patching import engine, fileio
 from pto_patch.patching.manifest import MANIFEST_DIR, Manifest
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG
 from tests.robustness_counts import COUNTS
-from tests.test_engine import HUB_CONFIG, run_cli
+
+# Each test its own rewrite cache: a campaign counts the writes of an apply, the cache's among them.
+pytestmark = pytest.mark.usefixtures("rewrite_cache_dir")
 
 REPO = Path(__file__).resolve().parents[1]
 PASSING = (errno.ENOSPC, errno.EIO, errno.EACCES)

@@ -17,16 +17,7 @@ from pto_patch.errors import EXIT_OK, EXIT_USAGE
 from pto_patch.patching import engine
 from pto_patch.patching.restore import restore_model
 from tests.folder_snapshot import snapshot
-from tests.test_engine import HUB_CONFIG, write_config
-
-
-@pytest.fixture()
-def model_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "GutenOCR-3B"
-    folder.mkdir()
-    write_config(folder, HUB_CONFIG)
-    (folder / "tokenizer.json").write_text("{}")
-    return folder
+from tests.helpers.folders import HUB_CONFIG, write_config
 
 
 def cli(*args: str) -> int:
@@ -133,12 +124,14 @@ def test_run_reports_go_to_the_users_cache_never_a_hub_cache(tmp_path: Path, mon
     assert first.path.parent == reports_root() == tmp_path / "cache" / "reports"
     made = first.make(), first.make()  # two runs in one second: two folders
     assert made[0] != made[1] and all(path.is_dir() and path.parent == reports_root() for path in made)
-    assert run_reports_place("bench", model, model, "--output-dir").make() == model  # asked for: as asked
+    asked = tmp_path / "reports-here"
+    assert run_reports_place("bench", model, asked, "--output-dir").make() == asked  # asked for: as asked
     snapshot_dir = tmp_path / "hub" / "models--o--n" / "snapshots" / "abc"
     snapshot_dir.mkdir(parents=True)
     with pytest.raises(PtoPatchError) as refused:
         run_reports_place("bench", snapshot_dir, snapshot_dir, "--output-dir")
-    assert refused.value.exit_code == EXIT_USAGE and "inside the Hugging Face cache" in refused.value.message
+    message = refused.value.message  # the model folder itself: the write-target rule refuses it first
+    assert refused.value.exit_code == EXIT_USAGE and "lies in the model folder" in message
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(PtoPatchError):
         run_reports_place("bench", model, tmp_path / "hub" / "elsewhere", "--output-dir")

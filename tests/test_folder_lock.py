@@ -7,7 +7,6 @@ original folder back byte for byte.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,49 +17,12 @@ import pytest
 from pto_patch.errors import FolderBusyError
 from pto_patch.patching import engine, folder_lock
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG, write_config
+from tests.helpers.lock_holder import HOLDER, Holder
 from tests.robustness_counts import COUNTS
-from tests.test_engine import HUB_CONFIG, run_cli, write_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture()
-def model_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "GutenOCR-3B"
-    folder.mkdir()
-    write_config(folder, HUB_CONFIG)
-    (folder / "tokenizer.json").write_text("{}")
-    return folder
-
-
-# Takes the lock in the mode given, says so, and holds it until stdin closes (or it is killed).
-HOLDER = """
-import sys
-from pto_patch.patching import folder_lock
-with folder_lock.locked(sys.argv[1], sys.argv[2]):
-    print("held", flush=True)
-    sys.stdin.read()
-"""
-
-
-class Holder:
-    def __init__(self, folder: Path, mode: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(folder), mode],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        assert self.process.stdout.readline().strip() == "held"
-
-    def release(self) -> None:
-        self.process.stdin.close()
-        assert self.process.wait(timeout=30) == 0
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
 
 
 def test_a_second_writer_fails_at_once_naming_the_holder(model_folder: Path, capsys):

@@ -21,7 +21,7 @@ from pto_patch.errors import PtoPatchError
 from pto_patch.run.graph import graph_decode
 from pto_patch.run.graph.compiling import CompileSetup, CompileWatch, per_step_guard
 from pto_patch.run.graph.graph_decode import CACHE_BUCKET, install, static_cache_length
-from tests.torchair_runs import run_with_torchair
+from tests.torchair_runs import SKEWING_TORCHAIR, run_with_torchair
 
 COUNTING_TORCHAIR = Path(__file__).resolve().parent / "counting_torchair"
 REPO = Path(__file__).resolve().parents[1]
@@ -195,6 +195,98 @@ def test_a_static_cache_replay_counts_once_per_decode_step(monkeypatch):
     finally:
         pto_kernels.disable()
         pto_kernels.reset_stats()
+
+
+# --- the priming step leaves no trace ------------------------------------------------------------------
+
+
+def _filled_cache(kind: str, batch: int = 2, prompt: int = 5):
+    """A real transformers cache (the venv's release) holding a prompt's rows in each of its 2 layers."""
+    from transformers import DynamicCache, Qwen2Config, StaticCache
+
+    config = Qwen2Config(
+        num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1, vocab_size=16
+    )
+    cache = StaticCache(config=config, max_cache_len=16) if kind == "static" else DynamicCache(config=config)
+    for layer in range(2):
+        rows = torch.randn(batch, 1, prompt, 4)
+        cache.update(rows, rows + 1, layer, {"cache_position": torch.arange(prompt)})
+    return cache
+
+
+def _state(cache) -> list[dict]:
+    return [
+        {name: (value.clone(), value.data_ptr()) if isinstance(value, torch.Tensor) else value
+         for name, value in vars(layer).items()}
+        for layer in cache.layers
+    ]  # fmt: skip
+
+
+def _same_state(before: list[dict], after: list[dict]) -> bool:
+    def same(a, b):
+        if isinstance(a, tuple):
+            return a[1] == b[1] and a[0].shape == b[0].shape and torch.equal(a[0], b[0])
+        return a == b
+
+    return all(
+        a.keys() == b.keys() and all(same(a[k], b[k]) for k in a) for a, b in zip(before, after, strict=True)
+    )
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_step_run_inside_kept_leaves_the_cache_as_it_found_it(kind):
+    """transformers 5.25's StaticLayer advances its cumulative_length in place and writes at it; a
+    DynamicLayer rebinds its keys to a longer cat: after `kept`, the same storage holds the same rows and
+    the same length, so a capture sees the cache it would have seen without the step."""
+    from pto_patch.run.graph.cache_state import kept
+
+    cache = _filled_cache(kind)
+    before, length = _state(cache), int(cache.get_seq_length())  # 5.8+: the counter tensor itself
+    row = torch.randn(2, 1, 1, 4)
+    with kept(cache):
+        for layer in range(2):
+            cache.update(row, row, layer, {"cache_position": torch.tensor([length])})
+        assert cache.get_seq_length() == length + 1  # the step did write
+    assert _same_state(before, _state(cache)) and cache.get_seq_length() == length
+    for layer in range(2):  # the next step writes where it would have written without the first
+        cache.update(row, row, layer, {"cache_position": torch.tensor([length])})
+    keys = cache.layers[0].keys
+    assert torch.equal(keys[:, :, length], row[:, :, 0]) and int(cache.get_seq_length()) == length + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_graph_decode_gives_the_eager_models_tokens_and_logits(cache, tmp_path: Path):
+    """On a model whose forward reads and writes its cache (the tiny Qwen2.5-VL), batch 1 and 2, the venv's
+    transformers: both generations of each capture key (the first is the one the priming step ran in) give
+    the eager model's tokens and, at every step, its logits within the float32 tolerance. The release
+    matrix runs the same in tests/test_graph_releases.py."""
+    from pto_patch.hub.tiny_model import make_tiny
+    from tests import graph_against_eager
+
+    folder = make_tiny(tmp_path / "tiny").path
+    document = graph_against_eager.run(folder, cache, (1, 2), home=tmp_path)
+    assert document["torchair"].startswith(str(graph_against_eager.COUNTING_TORCHAIR))
+    assert [primed for _, primed in document["captures"]] == [True, True]
+    assert graph_against_eager.mismatches(document) == []
+
+
+@pytest.mark.slow
+def test_a_graph_fault_the_stand_in_shares_with_every_graph_run_is_seen_against_eager(tmp_path: Path):
+    """tests/skewing_torchair: from each graph's third call its logits favour one token. Judged against the
+    eager model, graph decode differs from the third decode step on (a check of graph against graph cannot
+    see it: both runs would hold it)."""
+    from pto_patch.hub.tiny_model import make_tiny
+    from tests import graph_against_eager
+
+    folder = make_tiny(tmp_path / "tiny").path
+    document = graph_against_eager.run(folder, "static", (1,), home=tmp_path, torchair=SKEWING_TORCHAIR)
+    assert document["torchair"].startswith(str(SKEWING_TORCHAIR))
+    first, second = document["batches"][0]["generations"]
+    assert not first["tokens_equal"] and first["first_step_beyond"] == 3  # prefill, capture, replay, skewed
+    assert first["graph_tokens"][0][3:] == [0, 0, 0] and first["eager_tokens"][0][3:] != [0, 0, 0]
+    assert second["first_step_beyond"] == 1  # a later generation: every replay is a third call or later
+    assert len(graph_against_eager.mismatches(document)) == 2
 
 
 # --- torchair's settings ------------------------------------------------------------------------------
@@ -412,6 +504,22 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     assert at_4096["variants"]["fused"]["captured_ms"] == pytest.approx(
         (captured_us + 36 * 8.0) / 1e3, abs=1e-3
     )
+    at_batch_8 = projection.project(spans, 1024, 10.0, {"blocks": 200, "baseline": 1000}, soc, batch=8)
+    # every sequence's K and V: 8 caches' floor; the weights once whatever the batch; 8 tokens a step
+    assert at_batch_8["attention_core_kv_floor_us_per_layer"] == pytest.approx(8 * kv_us, abs=0.01)
+    assert at_batch_8["weight_and_kv_floor_ms"] == pytest.approx(
+        out["weight_floor_ms"] + 8 * kv_floor_ms, abs=2e-3
+    )
+    assert at_batch_8["captured_blocks_tokens_per_s"] == pytest.approx(8e3 / blocks["captured_ms"], rel=1e-3)
+    assert out["captured_blocks_tokens_per_s"] == pytest.approx(1e3 / blocks["captured_ms"], rel=1e-3)
+
+
+def test_the_projection_simulates_the_core_at_each_batch_one_row_a_sequence():
+    projection = _projection_module()
+    kernels = projection.kernels_to_simulate(rows=8, contexts=(1024, 4096))
+    cores = [params for op, params in kernels if op == "attention_core"]
+    assert cores == [{"rows": 1, "context": 1024, "batch": 8}, {"rows": 1, "context": 4096, "batch": 8}]
+    assert all(params["rows"] == 8 for op, params in kernels if op != "attention_core")
 
 
 # --- tune measures replays too --------------------------------------------------------------------
@@ -572,3 +680,34 @@ def test_a_capture_that_built_or_fell_back_names_the_op_and_the_capture():
     ]
     clean = CaptureRecord("k", "", True, 3, {}, {}, {"rms_norm": 5}, {"rms_norm": 5})
     assert capture_failures("pto", [clean]) == []
+
+
+@pytest.mark.parametrize("stand_in", ["counting", "skewing"])
+def test_verify_acl_graph_is_judged_against_the_eager_model(
+    stand_in: str, patched_tiny: Path, tmp_path: Path
+):
+    """A fault the graph brings to both of its runs (the skewing stand-in's bias from each graph's third
+    call) fails verify naming the mode; the counting stand-in (no fault) passes, with the eager tokens."""
+    done, _ = run_with_torchair(
+        ["verify", "--model-path", str(patched_tiny), "--use_acl_graph", "--output_length", "12", *QUICK],
+        tmp_path,
+        stand_in=SKEWING_TORCHAIR if stand_in == "skewing" else COUNTING_TORCHAIR,
+    )
+    report = json.loads(done.stdout)
+    if stand_in == "counting":
+        assert done.returncode == 0, report["failures"]
+        assert report["mode"] == "ACL graph" and report["judged"]["baseline"]["passed"]
+        assert report["accuracy"]["pto_text"] == report["reference"]["text"]
+        return
+    assert done.returncode == 3
+    assert not report["judged"]["baseline"]["passed"]
+    assert report["judged"]["baseline"]["first_failing_step"] >= 1  # decode only: the prefill is eager
+    assert any(
+        line.startswith("baseline (ACL graph)") and "not a kernel's" in line for line in report["failures"]
+    )
+
+
+def test_the_projection_counts_a_span_below_its_byte_floor_at_the_floor():
+    projection = _projection_module()
+    assert projection.at_byte_floor({"us": 346.82, "floor_us": 438.0}) == 438.0  # the lm_head's
+    assert projection.at_byte_floor({"us": 112.5, "floor_us": 95.0}) == 112.5

@@ -6,7 +6,9 @@ token on another. For each release (tests/release_envs.py), a fresh interpreter 
 PYTHONPATH and the counting torchair stand-in beside it runs, through the CLI: make-tiny, apply,
 `verify --use_pto --use_acl_graph` (decode captured once per mode: at most 2 graphs per mode, one per batch and
 cache, none while timed, tokens equal) and `verify --use_pto --use_compile --cache static` (the same bound
-under torch.compile). The venv's own release runs the same checks in tests/test_graph_decode.py.
+under torch.compile); and graph decode of the unpatched tiny model against its eager run, token for token and
+every step's logits, over both caches at batch 1 and 2 (tests/graph_against_eager.py). The venv's own release
+runs the same checks in tests/test_graph_decode.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import graph_against_eager
 from tests.release_envs import ENV_RELEASES, EnvUnavailable, release_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,3 +156,53 @@ def test_the_whole_decode_layer_verifies_under_each_release(decoding, patched_un
         assert 1 <= len(graphs) <= 2 * 2, (release, graphs)
     else:
         assert graphs == []  # torchair was never asked
+
+
+@pytest.mark.slow
+def test_graph_decode_of_the_whole_layer_at_batch_4_writes_the_cache_under_each_release(
+    patched_under_release, tmp_path: Path
+):
+    """`--ops all --batch 4` as graph decode: the core takes every decode step's attention and the prologue
+    writes every step's k and v (each sequence's row), no fallback, under each release (4.57.6 / 5.0.0 through
+    the op that leaves cache_position unmarked; 5.8+ through the one that advances the layer's length)."""
+    release, site, folder = patched_under_release
+    args = ["verify", "--model-path", str(folder), "--use_pto", "--ops", "all", "--batch", "4"]
+    done, graphs = cli(site, tmp_path, [*args, *DECODE_MODES["graph"], *FAST])
+    report = report_of(release, done)
+    assert done.returncode == 0 and report["passed"], (release, report["failures"])
+    ops = report["pto"]["ops"]
+    core, prologue = ops["attention_core"], ops["attention_prologue"]
+    assert core["calls"] > 0 and core["fallbacks"] == 0 and prologue["fallbacks"] == 0, (release, ops)
+    assert prologue["cache_writes"] > 0, (release, prologue)
+    assert 1 <= len(graphs) <= 2 * 2, (release, graphs)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    from pto_patch.hub.tiny_model import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("unpatched") / "tiny").path
+
+
+@pytest.fixture(scope="module", params=ENV_RELEASES)
+def release_site(request) -> tuple[str, Path]:
+    try:
+        return request.param, release_env(request.param).site
+    except EnvUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_graph_decode_gives_the_eager_models_tokens_and_logits_under_each_release(
+    cache, release_site, tiny_folder, tmp_path: Path
+):
+    """The priming step before each capture leaves the cache as it found it under every release's
+    bookkeeping (4.57.6 / 5.0.0 write at cache_position, 5.8.1 on advance cumulative_length, a dynamic cache
+    appends): both generations of each capture key, batch 1 and 2, give the eager model's tokens and every
+    step's logits within the float32 tolerance."""
+    release, site = release_site
+    document = graph_against_eager.run(tiny_folder, cache, (1, 2), release_site=site, home=tmp_path)
+    assert document["transformers"] == release
+    assert [primed for _, primed in document["captures"]] == [True, True], document["captures"]
+    assert graph_against_eager.mismatches(document) == []

@@ -22,11 +22,10 @@ from pto_patch.errors import EXIT_DRIFTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, EXIT
 from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import load_spec
 from tests.folder_snapshot import snapshot
+from tests.helpers.json_documents import SCHEMAS, assert_document
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMAS = REPO / "skills" / "pto-patch" / "references" / "json-schemas.md"
 ERROR_KEYS = {"error", "hint", "exit_code", "command"}
-COMMON_KEYS = {"schema_version", "command"}
 # The smallest verify / bench that still runs both modes end to end.
 TINY_RUN = ("--warmup", "0", "--iters", "1", "--output_length", "4", "--device", "cpu", "--dtype", "fp32")
 SPEC = load_spec("gutenocr_3b")
@@ -78,32 +77,11 @@ def run(env: dict[str, str], *args: str, cwd: Path | None = None) -> tuple[int, 
     return done.returncode, document, done.stderr
 
 
-def assert_document(document: dict, command: str) -> None:
-    assert document.get("schema_version") == 1, document
-    assert document.get("command") == command, f"{command}: 'command' is {document.get('command')!r}"
-    documented = documented_keys(command)
-    keys = set(document) - COMMON_KEYS
-    assert keys == documented, (
-        f"{command}: undocumented keys {sorted(keys - documented)}, documented but absent {sorted(documented - keys)}"
-    )
-
-
 def assert_error(code: int, document: dict, expected_code: int) -> None:
     assert set(document) == ERROR_KEYS, document
     assert code == document["exit_code"] == expected_code, (code, document)
     assert document["error"] and document["hint"]
     assert "\n" not in document["error"]
-
-
-def documented_keys(command: str) -> set[str]:
-    """Top-level keys in the first column of the table under `## {command}` in json-schemas.md."""
-    text = SCHEMAS.read_text(encoding="utf-8")
-    match = re.search(rf"^## {re.escape(command)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    assert match, f"json-schemas.md has no section for {command}"
-    keys = set()
-    for row in re.findall(r"^\|([^|\n]*)\|", match.group(1), re.M):
-        keys |= {key for key in re.findall(r"`([a-z_][a-z0-9_]*)`", row)}
-    return keys
 
 
 # --- models -----------------------------------------------------------------------------------------

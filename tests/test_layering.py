@@ -6,7 +6,7 @@ its own modules, the packages below it, and the top-level modules (`errors`, `re
 package. Inside `patching`, what the two writers share (`plan`) and what undoes a manifest (`undo`,
 `overlay_record`) sit below the writers. Inside `run`, by concern: `graph/` (compiling and capture) under
 the core (`run/*.py`), and `ocr/` and `diagnosis/` above it, side by side: neither imports the other, and
-the core imports neither. No folder of pto_patch holds more than 20 modules (the codemods aside).
+the core imports neither.
 `kernels/` (the pto_kernels the folder gets) imports nothing of pto_patch. Every import counts: at the
 top of a module or inside a function.
 
@@ -31,7 +31,6 @@ PATCHING_FLOOR = ("plan", "undo", "overlay_record", "manifest", "folder_kernels"
 PATCHING_WRITERS = ("engine", "overlay", "restore", "folder_status")
 # Inside run, rank of each concern from the ground up; equal ranks may not import each other.
 RUN_LAYERS = {"graph": 0, "core": 1, "ocr": 2, "diagnosis": 2}
-MAX_MODULES = 20  # a folder's modules, its __init__ aside
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -355,21 +354,3 @@ def test_run_imports_by_concern_and_the_check_sees_a_sideways_import():
     core_up = {"pto_patch.run.start": {"pto_patch.run.ocr.pages"}}
     for wrong in (sideways, down, core_up):
         assert len(upward_imports(wrong)) == 1, wrong
-
-
-def overfull_folders(root: Path) -> dict[str, int]:
-    counts = {}
-    for folder in [root, *(path for path in root.rglob("*") if path.is_dir())]:
-        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
-        if len(modules) > MAX_MODULES and folder.name != "codemods":
-            counts[folder.relative_to(root.parent).as_posix()] = len(modules)
-    return counts
-
-
-def test_no_folder_holds_more_than_twenty_modules(tmp_path: Path):
-    assert overfull_folders(REPO / "pto_patch") == {}
-    crowded = tmp_path / "pto_patch" / "run"
-    crowded.mkdir(parents=True)
-    for index in range(MAX_MODULES + 1):
-        (crowded / f"m{index}.py").write_text("")
-    assert overfull_folders(tmp_path / "pto_patch") == {"pto_patch/run": MAX_MODULES + 1}

@@ -81,3 +81,16 @@ def test_one_renderer_knows_every_command_result():
     assert set(render.TEXT) == {result.__name__ for result in results}
     cli_source = (PACKAGE / "cli" / "app.py").read_text(encoding="utf-8")
     assert "print_json(document" not in cli_source and "if as_json:" not in cli_source.split("def main")[0]
+
+
+def test_the_kernel_package_a_patched_folder_receives_is_code_only():
+    """apply copies kernels/pto_kernels into every patched folder: a data file only a benchmark reads
+    (the tile search's 120 KB of cost-model cycles) belongs beside the benchmark."""
+    package = PACKAGE.parent / "kernels" / "pto_kernels"
+    extra = [
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*")
+        if path.is_file() and path.suffix != ".py" and "__pycache__" not in path.parts
+    ]
+    assert extra == [], f"not code, yet copied into every patched folder: {extra}"
+    assert (PACKAGE.parent / "benchmarks" / "tile_search.json").is_file()

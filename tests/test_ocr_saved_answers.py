@@ -73,6 +73,10 @@ def test_answers_from_other_weights_are_refused_unless_asked(tmp_path: Path):
     )
     with pytest.raises(PtoPatchError, match="without a weights digest"):
         check_weights(old, trusted, other_weights=False)
+    # A format 2 file holds a sampled digest, which other weights can match: named, never trusted.
+    sampled = load_answers(_saved(tmp_path, trusted, lambda d: d.update(format_version=2)), PAGES)
+    with pytest.raises(PtoPatchError, match="a sample of the bytes"):
+        check_weights(sampled, trusted, other_weights=False)
 
 
 def _first_answer(key, value):

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.cli.app import main
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine, fileio
@@ -28,16 +27,11 @@ from pto_patch.patching.fileio import sha256_file
 from pto_patch.patching.manifest import Manifest
 from pto_patch.patching.overlay import record_of
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
 from tests.spec_pipeline import QUICK, page_image, run_in_fresh_process
 
 REPO = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
 
 
 def picture(root: Path) -> dict:

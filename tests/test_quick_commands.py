@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pto_patch.patching import engine
-from tests.test_engine import HUB_CONFIG, write_config
+from tests.helpers.folders import HUB_CONFIG, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = (
@@ -73,6 +73,7 @@ HELP_MODULES = sorted(
         "pto_patch.cli.console",
         "pto_patch.cli.lazy_commands",
         "pto_patch.cli.options",
+        "pto_patch.cli.spellings",
         "pto_patch.cli.usage_hints",
         "pto_patch.cli.values",
         "pto_patch.errors",
@@ -166,7 +167,7 @@ def test_a_restore_in_text_imports_no_rich(tmp_path: Path, patched: Path):
     assert not (patched / ".pto_patch").exists()
 
 
-def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, patched: Path):
+def test_an_apply_of_a_seen_release_imports_no_libcst(tmp_path: Path, rewrite_cache_dir: Path, patched: Path):
     """`patched` filled the cache; a first rewrite needs libcst, a seen one does not."""
     seen = tmp_path / "seen"
     seen.mkdir()
@@ -200,6 +201,7 @@ def test_the_check_sees_the_engine_and_rich_made_eager(tmp_path: Path, patched: 
             *HELP_MODULES,
             "pto_patch.model",
             "pto_patch.model.family",
+            "pto_patch.model.input_files",
             "pto_patch.model.locate",
             "pto_patch.model.spec",
             "pto_patch.resources",

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
 from tests.release_envs import EnvUnavailable, release_env
 from tests.release_sources import RELEASES
 
@@ -288,14 +289,6 @@ def test_each_shipped_spec_loads_every_weight_and_computes_the_stock_logits(mode
 
 
 # --- what the family refuses, and a release without it -------------------------------------------------
-
-
-def run_cli(*args: str) -> int:
-    from pto_patch.cli.app import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
 
 
 def test_attention_prologue_is_refused_with_its_reason(tmp_path: Path, capsys):

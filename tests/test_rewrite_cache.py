@@ -18,7 +18,8 @@ from pto_patch.patching import codemods, engine, rewrite_cache
 from pto_patch.patching.codemods import PatchContext
 from pto_patch.patching.rewrite_cache import RewriteCache, cache_dir, rewrite_key
 from tests.folder_snapshot import snapshot
-from tests.test_engine import HUB_CONFIG, run_cli, write_config
+from tests.helpers.cli import run_cli
+from tests.helpers.folders import HUB_CONFIG, write_config
 
 
 def model(tmp_path: Path, name: str) -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pto_patch.cli import skill
-from pto_patch.cli.app import main
 from pto_patch.errors import PtoPatchError
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 SKILL_DIR = REPO / "skills" / "pto-patch"
@@ -44,12 +44,6 @@ def front_matter(text: str) -> dict[str, str]:
             key, _, value = line.partition(":")
             fields[key.strip()] = "" if value.strip() in (">-", ">", "|") else value.strip()
     return fields
-
-
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
 
 
 def test_front_matter_names_the_skill_and_its_trigger_words():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.cli.app import main
 from pto_patch.errors import SpecError
 from pto_patch.hub.tiny_model import make_tiny, model_config, weight_shapes
 from pto_patch.model.spec import all_specs, known_specs, load_spec, specs_dir
+from tests.helpers.cli import run_cli
 from tests.local_hub import LocalHub, read_folder
 
 torch = pytest.importorskip("torch")
@@ -82,12 +82,6 @@ EXPECTED = {
 def text_of(config: dict) -> dict:
     """config.json's text widths: at the top level (Qwen2.5-VL's hub layout) or under text_config (Qwen3-VL's)."""
     return config.get("text_config", config)
-
-
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
 
 
 def hub_keys(model, tied: bool, legacy: bool = True) -> dict[str, tuple[int, ...]]:
@@ -259,11 +253,11 @@ def test_bad_class_renames_are_refused(tmp_path: Path, renames, message: str) ->
 def test_bad_spec_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text("{ not json")
-    assert run_cli("models", "--model", str(broken)) == 1
+    assert run_cli("models", "--model", str(broken)) == 2  # a spec is a --model value: a usage error
     assert "not valid JSON" in capsys.readouterr().err
     assert run_cli("models", "--model", str(tmp_path / "missing.json")) == 2  # a bad option value
     assert "does not exist" in capsys.readouterr().err
-    assert run_cli("models", "--model", str(write_spec(tmp_path, tie_word_embeddings="yes"))) == 1
+    assert run_cli("models", "--model", str(write_spec(tmp_path, tie_word_embeddings="yes"))) == 2
     assert "tie_word_embeddings" in capsys.readouterr().err
 
 

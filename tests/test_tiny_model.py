@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.cli.app import main
 from pto_patch.errors import ModelFolderError, SpecError
 from pto_patch.hub.tiny_model import QWEN_SPECIAL_TOKENS, make_tiny, model_config, weight_shapes
 from pto_patch.model.spec import load_spec
 from pto_patch.run.image_inputs import build_inputs, sample_image, wants_mm_token_type_ids
 from tests.folder_snapshot import snapshot
+from tests.helpers.cli import run_cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -238,12 +238,6 @@ def test_weight_shapes_match_the_stock_model_built_from_the_config(full_width: b
     assert weight_shapes(full_width=full_width, layers=1) == expected
 
 
-def run_cli(*args: str) -> int:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    return exit_info.value.code
-
-
 def test_cli_writes_a_folder_and_reports_json(tmp_path: Path, capsys) -> None:
     assert run_cli("make-tiny", str(tmp_path / "m"), "--layers", "1", "--json") == 0
     document = json.loads(capsys.readouterr().out)
@@ -282,3 +276,31 @@ def test_refuses_a_folder_with_files_unless_forced(tmp_path: Path) -> None:
     assert run_cli("make-tiny", str(folder)) == 1
     assert run_cli("make-tiny", str(folder), "--force") == 0
     assert (folder / "model.safetensors.index.json").is_file()
+
+
+KERNEL_WIDTH_CHECK = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from pto_kernels.backends.pypto_kernels import _check_half_blocks
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    _check_half_blocks(int(sys.argv[2]), dtype, "the default make-tiny model")
+"""
+
+
+def test_the_default_tiny_model_takes_every_pypto_kernel():
+    """make-tiny's default widths meet each PyPTO kernel's own width rule in fp32, bf16 and fp16 (checked
+    with the kernels' own check, in a process of its own, not a copy of it), so `--kernel-backend pypto`
+    runs every kernel instead of falling back: the rotary and prologue kernels take half a head in whole
+    32-byte blocks (measured: verify --kernel-backend pypto in bf16 ran rms_norm, mrope and swiglu_mlp
+    with no fallback)."""
+    import subprocess
+    import sys
+
+    from pto_patch.resources import kernel_package_dir
+
+    config = model_config()
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    command = [sys.executable, "-c", KERNEL_WIDTH_CHECK, str(kernel_package_dir().parent), str(head_dim)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

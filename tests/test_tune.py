@@ -10,10 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -40,7 +37,8 @@ from pto_patch.patching.tuning_file import (
 from pto_patch.run.options import RunOptions
 from pto_patch.tune.tuning import TuneOptions, backends_to_try, check_tune_options
 from tests.folder_snapshot import snapshot
-from tests.test_tune_selection import lucky_then_even
+from tests.helpers.cli import run_cli, run_process
+from tests.helpers.tune_runners import lucky_then_even
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
@@ -49,23 +47,6 @@ SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "refere
 OPS = list(SPEC_OPS)  # what a default apply patches in
 QUICK = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--iters", "15", "--json"]
 
-AFTER_LOAD = """
-import sys
-from pto_patch.cli import app as cli
-from pto_patch.run import loading
-
-_change, _load_model = sys.argv.pop(1), loading.load_model
-
-
-def load_model(*args, **kwargs):
-    loaded = _load_model(*args, **kwargs)
-    exec(_change, {"loaded": loaded})
-    return loaded
-
-
-loading.load_model = load_model
-cli.main(sys.argv[1:])
-"""
 # A backend whose kernels sleep 30 ms, then compute what the eager code computes.
 SLEEPY_BACKEND = """
 import time, types
@@ -114,28 +95,6 @@ for name, module in loaded.model.named_modules():
 )
 
 
-def run_cli(args: list[str], tmp_path: Path, after_load: str | None = None) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("PTO_KERNELS_BACKEND", None)
-    env.pop("GUTENOCR_MODEL_PATH", None)
-    launcher = ["-m", "pto_patch"] if after_load is None else ["-c", AFTER_LOAD, after_load]
-    return subprocess.run(
-        [sys.executable, *launcher, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-
-
-@pytest.fixture
-def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "GutenOCR-tiny-copy"
-    shutil.copytree(patched_tiny, copy, symlinks=True)
-    return copy
-
-
 # --- options --------------------------------------------------------------------------------------
 
 
@@ -167,10 +126,10 @@ def test_backends_tried_per_device():
     assert backends_to_try("torch", "cpu") == ("torch",)
 
 
-def test_a_budget_of_nothing_is_refused_in_json(tmp_path: Path, patched_tiny: Path):
-    done = run_cli(["tune", "--model-path", str(patched_tiny), "--budget-s", "0", "--json"], tmp_path)
-    error = json.loads(done.stdout)
-    assert done.returncode == error["exit_code"] == EXIT_USAGE and "--budget-s" in error["error"]
+def test_a_budget_of_nothing_is_refused_in_json(patched_tiny: Path, capsys):
+    code = run_cli("tune", "--model-path", str(patched_tiny), "--budget-s", "0", "--json")
+    error = json.loads(capsys.readouterr().out)
+    assert code == error["exit_code"] == EXIT_USAGE and "--budget-s" in error["error"]
 
 
 # --- the tuning file and who trusts it ------------------------------------------------------------
@@ -377,7 +336,7 @@ def _documented_tune_keys() -> set[str]:
 def test_tune_writes_a_tuning_verify_uses_and_restore_removes(patched_copy: Path, tmp_path: Path):
     before = snapshot(patched_copy)
     args = ["tune", "--model-path", str(patched_copy), "--batches", "1,2", "--budget-s", "600"]
-    done = run_cli([*args, "--ops", "mrope,swiglu_mlp", *QUICK, "--iters", "5"], tmp_path)
+    done = run_process([*args, "--ops", "mrope,swiglu_mlp", *QUICK, "--iters", "5"], tmp_path)
     doc = json.loads(done.stdout)
     assert done.returncode == EXIT_OK, doc
     assert set(doc) - {"schema_version", "command"} == _documented_tune_keys()
@@ -396,14 +355,14 @@ def test_tune_writes_a_tuning_verify_uses_and_restore_removes(patched_copy: Path
     assert written["header"]["compile"] is None  # measured eager: compiled runs do not use it
 
     # verify uses it: the same ops as tune chose at batch 1, and says where they came from
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_copy), "--use_pto", "--use_dynamic_config", *QUICK], tmp_path
     )
     report = json.loads(done.stdout)
     assert report["dynamic_config_source"]["source"] == SOURCE_TUNING
     assert report["switched_on"] == [op for op in OPS if op in doc["batches"][0]["chosen"]]
 
-    done = run_cli(["restore", "--model-path", str(patched_copy), "--json"], tmp_path)
+    done = run_process(["restore", "--model-path", str(patched_copy), "--json"], tmp_path)
     assert done.returncode == EXIT_OK, done.stdout
     assert not (patched_copy / TUNING_PATH).exists()
     after = snapshot(patched_copy)
@@ -413,7 +372,7 @@ def test_tune_writes_a_tuning_verify_uses_and_restore_removes(patched_copy: Path
 
 @pytest.mark.slow
 def test_every_op_made_slower_switches_nothing_on(patched_copy: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "120", *QUICK],
         tmp_path,
         after_load=ALL_SLOWER,
@@ -427,7 +386,7 @@ def test_every_op_made_slower_switches_nothing_on(patched_copy: Path, tmp_path: 
 
 @pytest.mark.slow
 def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "120", *QUICK],
         tmp_path,
         after_load=MLP_FASTER,
@@ -441,7 +400,7 @@ def test_the_op_made_faster_is_chosen_and_bench_switches_it_on(patched_copy: Pat
     out = tmp_path / "bench"
     args = ["bench", "--model-path", str(patched_copy), "--batches", "1,4", "--use_dynamic_config"]
     quick = ["--device", "cpu", "--dtype", "fp32", "--output_length", "4", "--warmup", "0", "--iters", "1"]
-    done = run_cli([*args, *quick, "--output-dir", str(out), "--json"], tmp_path)
+    done = run_process([*args, *quick, "--output-dir", str(out), "--json"], tmp_path)
     bench = json.loads(done.stdout)
     assert done.returncode == EXIT_OK, bench
     assert bench["dynamic_config_source"]["source"] == SOURCE_TUNING
@@ -460,7 +419,7 @@ def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: P
 
     # a budget of 1 s is spent by the load: nothing measured is no tuning, and the overlay holds none
     args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "1", *QUICK]
-    done = run_cli(args, tmp_path)
+    done = run_process(args, tmp_path)
     doc = json.loads(done.stdout)
     assert done.returncode == 3 and doc["tuning_file"] is None, doc
     (failure,) = [f for f in doc["failures"] if "nothing was measured" in f]
@@ -468,7 +427,7 @@ def test_tune_on_an_overlay_writes_only_there_and_restore_removes_it(tmp_path: P
     assert not (out / TUNING_PATH).exists()
     # with a budget that measures, the tuning is written and recorded
     args = ["tune", "--model-path", str(out), "--batches", "1", "--budget-s", "120", *QUICK]
-    done = run_cli(args, tmp_path)
+    done = run_process(args, tmp_path)
     doc = json.loads(done.stdout)
     assert done.returncode == EXIT_OK, doc
     tuning = out / TUNING_PATH
@@ -487,7 +446,7 @@ def test_tune_refuses_a_folder_another_pto_patch_holds(patched_tiny: Path, tmp_p
     from pto_patch.patching import folder_lock
 
     with folder_lock.exclusive(patched_tiny):
-        done = run_cli(["tune", "--model-path", str(patched_tiny), "--json"], tmp_path)
+        done = run_process(["tune", "--model-path", str(patched_tiny), "--json"], tmp_path)
     error = json.loads(done.stdout)
     assert done.returncode == error["exit_code"] == 1
     assert "is working on" in error["error"] and not (patched_tiny / TUNING_PATH).exists()
@@ -624,7 +583,7 @@ def test_a_tune_that_decides_nothing_keeps_the_earlier_tuning(patched_copy: Path
     earlier = patched_copy / TUNING_PATH
     earlier.write_text('{"an": "earlier tuning"}\n')
     # 1 s is all the write reserve: no batch size can be decided, and "nothing on" says nothing
-    done = run_cli(
+    done = run_process(
         ["tune", "--model-path", str(patched_copy), "--batches", "1", "--budget-s", "1", *QUICK], tmp_path
     )
     doc = json.loads(done.stdout)

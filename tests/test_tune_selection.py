@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 import pto_kernels  # noqa: E402
 from pto_kernels import _dispatch  # noqa: E402
 
+from tests.helpers.tune_runners import lucky_then_even
+
 RMS = ts.Candidate.of({"rms_norm": "fused"})
 MLP = ts.Candidate.of({"swiglu_mlp": "fused"})
 BOTH = ts.Candidate.of({"rms_norm": "fused", "swiglu_mlp": "fused"})
@@ -147,19 +149,6 @@ def test_choose_takes_the_best_faster_candidate_or_nothing():
     assert ts.choose(fast).candidate == MLP
 
 
-def lucky_then_even(lucky_runs: int):
-    """A runner whose candidate is 10 % faster for its first `lucky_runs` runs, then no faster at all."""
-    runs = {"candidate": 0}
-
-    def run_once(candidate):
-        if candidate.is_baseline:
-            return 10.0
-        runs["candidate"] += 1
-        return 11.0 if runs["candidate"] <= lucky_runs else 10.0
-
-    return run_once
-
-
 def test_a_winner_that_does_not_hold_in_fresh_rounds_is_not_switched_on():
     decision = ts.decide_batch(1, [MLP], lucky_then_even(5), ts.Rules(warmup=0))
     assert decision.tried[0].verdict == ts.FASTER  # the rounds that picked it
@@ -228,18 +217,20 @@ def _simulated_backend(clock: _Clock, kernel_s: dict[str, float]) -> types.Modul
 
 
 def _model_step(clock: _Clock, eager_s: dict[str, float], layers: int = 1) -> float:
-    """A "decode step" whose ops go through the guards as the patched modeling code has them."""
+    """A "decode step" whose ops go through the guards as the patched modeling code has them (of the
+    package this module switches: an earlier test may have left another `pto_kernels` in sys.modules, a
+    patched folder's)."""
+    kernels = pto_kernels
     for _ in range(layers):
-        kernels = sys.modules.get("pto_kernels")
-        if kernels is not None and kernels.USE_PTO_RMS_NORM:
+        if kernels.USE_PTO_RMS_NORM:
             kernels.rms_norm_wrapper(None, None, 1e-6)
         else:
             clock.spend(eager_s["rms_norm"])
-        if kernels is not None and kernels.USE_PTO_MROPE:
+        if kernels.USE_PTO_MROPE:
             kernels.mrope_pto_correct(None, None, None, None, [1, 1, 1])
         else:
             clock.spend(eager_s["mrope"])
-        if kernels is not None and kernels.USE_PTO_SWIGLU_MLP:
+        if kernels.USE_PTO_SWIGLU_MLP:
             kernels.swiglu_mlp_wrapper(None, None)
         else:
             clock.spend(eager_s["swiglu_mlp"])

@@ -66,12 +66,14 @@ def test_the_write_is_one_rename_and_never_goes_through_a_node(tmp_path: Path, m
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fileio, "atomic_write_bytes", failing)
-    with pytest.raises(PtoPatchError) as raised:
-        write_user_file(target, b"new", "--report-file")
-    assert raised.value.message == f"cannot write --report-file {target}: No space left on device"
-    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    monkeypatch.setenv("PTO_PATCH_CACHE", str(tmp_path / "cache"))
+    assert write_user_file(target, b"new", "--report-file") is False  # kept (tests/test_kept_results.py)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "cache",
+        "report.json",
+    ]
     monkeypatch.undo()
-    write_user_file(target, b"new", "--report-file")
+    assert write_user_file(target, b"new", "--report-file") is True
     assert target.read_text() == "new"
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

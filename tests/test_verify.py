@@ -12,9 +12,6 @@ import importlib.util
 import inspect
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +40,8 @@ from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
 from pto_patch.run.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
 from pto_patch.run.verification import VerifyOptions
 from pto_patch.serving.vllm_verify import VllmVerifyOptions
+from tests.helpers.changes import WRONG_RMS_NORM
+from tests.helpers.cli import json_out, run_cli, run_process
 
 FAST = ["--warmup", "0", "--iters", "1", "--output_length", "8"]
 SCHEMAS = Path(__file__).resolve().parents[1] / "skills" / "pto-patch" / "references" / "json-schemas.md"
@@ -61,37 +60,9 @@ REPORT_KEYS = {
 MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}
 ACCURACY_KEYS = {"max_abs_logit_diff", "max_rel_logit_diff", "token_match_rate", "text_equal", "passed"}
 
-# Appended to the folder's kernel package: RMSNorm comes out 25 % too large.
-WRONG_RMS_NORM = """
 
-_correct_rms_norm_wrapper = rms_norm_wrapper
-
-
-def rms_norm_wrapper(hidden_states, weight, eps=1e-6):
-    return _correct_rms_norm_wrapper(hidden_states, weight, eps) * 1.25
-"""
-
-
-# A test-only seam: run the CLI with `loading.load_model` wrapped, so that the loaded model can be changed
-# the way a run-time patcher (Liger's `model=` path, `kernels`' kernelize) changes it. argv[1] holds the
-# change as Python source run with `model` bound; start_run looks load_model up at call time.
-AFTER_LOAD = """
-import sys
-from pto_patch.cli import app as cli
-from pto_patch.run import loading
-
-_change, _load_model = sys.argv.pop(1), loading.load_model
-
-
-def load_model(*args, **kwargs):
-    loaded = _load_model(*args, **kwargs)
-    exec(_change, {"model": loaded.model})
-    return loaded
-
-
-loading.load_model = load_model
-cli.main(sys.argv[1:])
-"""
+# Changes run on the loaded model (tests.helpers.cli.AFTER_LOAD), the way a run-time patcher (Liger's
+# `model=` path, `kernels`' kernelize) changes it; start_run looks load_model up at call time.
 # Instance level: one decoder layer's MLP gets a plain forward (what Liger's `model=` path does).
 PATCH_ONE_MLP = """
 mlp = dict(model.named_modules())["model.language_model.layers.0.mlp"]
@@ -116,7 +87,7 @@ type(model.model.language_model.norm).forward = forward
 STRAY_GUARD_CALL = """
 import sys
 
-kernels, norm, saved = sys.modules["pto_kernels"], model.model.language_model.norm, []
+kernels, norm, saved = sys.modules.get("pto_kernels"), model.model.language_model.norm, []
 
 
 def switch_on(module, args):
@@ -128,43 +99,10 @@ def switch_back(module, args, output):
     kernels.USE_PTO_RMS_NORM = saved.pop()
 
 
-norm.register_forward_pre_hook(switch_on)
-norm.register_forward_hook(switch_back)
+if kernels is not None:  # the patched model's load (the unpatched reference has no kernel package)
+    norm.register_forward_pre_hook(switch_on)
+    norm.register_forward_hook(switch_back)
 """
-
-
-def run_cli(
-    args: list[str], tmp_path: Path, cwd: Path | None = None, after_load: str | None = None
-) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("PTO_KERNELS_BACKEND", None)
-    env.pop("GUTENOCR_MODEL_PATH", None)
-    launcher = ["-m", "pto_patch"] if after_load is None else ["-c", AFTER_LOAD, after_load]
-    return subprocess.run(
-        [sys.executable, *launcher, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd or tmp_path,
-        timeout=600,
-    )
-
-
-def json_out(done: subprocess.CompletedProcess) -> dict:
-    return json.loads(done.stdout)  # exactly one document, or this raises
-
-
-@pytest.fixture
-def patched_copy(patched_tiny: Path, tmp_path: Path) -> Path:
-    """A private copy of the patched folder, for tests that change it."""
-    copy = tmp_path / "GutenOCR-tiny-copy"
-    shutil.copytree(patched_tiny, copy, symlinks=True)
-    return copy
 
 
 # --- pieces ---------------------------------------------------------------------------------------
@@ -490,7 +428,7 @@ def test_every_reference_option_spelling_parses(monkeypatch, tmp_path: Path):
 
 def test_apply_then_verify_passes_text_and_report_has_every_key(patched_tiny: Path, tmp_path: Path):
     report_file = tmp_path / "out" / "report.json"
-    done = run_cli(
+    done = run_process(
         [
             "verify",
             "--model-path",
@@ -529,7 +467,7 @@ def test_apply_then_verify_passes_text_and_report_has_every_key(patched_tiny: Pa
 def test_apply_then_verify_passes_with_an_image(patched_tiny: Path, tmp_path: Path):
     image = tmp_path / "page.png"
     sample_image(112, 84).save(image)
-    done = run_cli(
+    done = run_process(
         [
             "verify",
             "--model-path",
@@ -555,7 +493,7 @@ def test_apply_then_verify_passes_with_an_image(patched_tiny: Path, tmp_path: Pa
 def test_a_wrong_kernel_fails_with_exit_3(patched_copy: Path, tmp_path: Path):
     with open(patched_copy / "pto_kernels" / "__init__.py", "a", encoding="utf-8") as handle:
         handle.write(WRONG_RMS_NORM)
-    done = run_cli(
+    done = run_process(
         [
             "verify",
             "--model-path",
@@ -588,7 +526,7 @@ def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
 
 
 def test_the_decoder_blocks_pass_verify_and_report_their_calls_per_layer(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--use_pto", "--ops", "all", "--json"] + FAST, tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -608,7 +546,7 @@ def test_a_wrong_decoder_block_fails_with_exit_3(patched_copy: Path, tmp_path: P
     with open(patched_copy / "pto_kernels" / "__init__.py", "a", encoding="utf-8") as handle:
         handle.write(WRONG_MLP_BLOCK)
     args = ["verify", "--model-path", str(patched_copy), "--use_pto", "--allow-modified", "--json"]
-    done = run_cli(args + ["--ops", "mlp_block"] + FAST, tmp_path)
+    done = run_process(args + ["--ops", "mlp_block"] + FAST, tmp_path)
     assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json_out(done)
     assert doc["passed"] is False and any("logits differ" in failure for failure in doc["failures"])
@@ -654,7 +592,7 @@ def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):
     data = json.loads(manifest.read_text())
     data["ops"] = ["rms_norm", "mrope", "swiglu_mlp"]
     manifest.write_text(json.dumps(data))
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(folder), "--use_pto", "--ops", "rms_norm,mrope,swiglu_mlp", "--json"]
         + FAST,
         tmp_path,
@@ -666,13 +604,13 @@ def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):
     assert doc["pto"]["ops"]["rms_norm"]["calls"] > 0
 
 
-def test_a_tampered_modeling_file_is_refused(patched_copy: Path, tmp_path: Path):
+def test_a_tampered_modeling_file_is_refused(patched_copy: Path, capsys):
     with open(patched_copy / "modeling_qwen2_5_vl.py", "a", encoding="utf-8") as handle:
         handle.write("\nprint('not what apply wrote')\n")
-    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto"] + FAST, tmp_path)
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert "modeling_qwen2_5_vl.py" in done.stderr and "--allow-modified" in done.stderr
-    assert "not what apply wrote" not in done.stdout  # the code never ran
+    assert run_cli("verify", "--model-path", str(patched_copy), "--use_pto", *FAST) == 1
+    out, err = capsys.readouterr()
+    assert "modeling_qwen2_5_vl.py" in err and "--allow-modified" in err
+    assert "not what apply wrote" not in out  # the code never ran
 
 
 def test_missing_checkpoint_keys_fail(patched_copy: Path, tmp_path: Path):
@@ -688,7 +626,7 @@ def test_missing_checkpoint_keys_fail(patched_copy: Path, tmp_path: Path):
     index["weight_map"][key.replace("gate_proj", "gate_projection")] = index["weight_map"].pop(key)
     index_path.write_text(json.dumps(index), encoding="utf-8")
 
-    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
+    done = run_process(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
     assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json_out(done)
     layer = key.split(".layers.")[1].split(".")[0]
@@ -735,7 +673,7 @@ def test_a_config_tied_lm_head_loaded_as_its_own_tensor_fails(patched_copy: Path
 
     _change_checkpoint(patched_copy, add_own_lm_head)
     assert json.loads((patched_copy / "config.json").read_text(encoding="utf-8"))["tie_word_embeddings"]
-    done = run_cli(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
+    done = run_process(["verify", "--model-path", str(patched_copy), "--use_pto", "--json"] + FAST, tmp_path)
     assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json_out(done)
     assert doc["load_info"]["lm_head_tied"] is False
@@ -751,7 +689,7 @@ def test_a_checkpoint_tensor_of_the_wrong_shape_fails(patched_copy: Path, tmp_pa
         tensors[embed] = tensors[embed][:-1].clone()
 
     _change_checkpoint(patched_copy, cut_one_row)
-    done = run_cli(["verify", "--model-path", str(patched_copy), "--json"] + FAST, tmp_path)
+    done = run_process(["verify", "--model-path", str(patched_copy), "--json"] + FAST, tmp_path)
     assert done.returncode == 3, done.stderr[-3000:] + done.stdout[-3000:]
     doc = json_out(done)
     embed = doc["load_info"]["mismatched_keys"]
@@ -761,7 +699,7 @@ def test_a_checkpoint_tensor_of_the_wrong_shape_fails(patched_copy: Path, tmp_pa
 
 
 def test_a_kernel_call_while_every_switch_is_off_fails(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
         tmp_path,
         after_load=STRAY_GUARD_CALL,
@@ -801,7 +739,7 @@ def test_a_bad_image_is_refused_before_the_model_loads(
 
 
 def test_dynamic_config_switches_on_by_batch(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--use_pto", "--use_dynamic_config", "--batch", "5"]
         + FAST
         + ["--json"],
@@ -820,28 +758,30 @@ def test_dynamic_config_switches_on_by_batch(patched_tiny: Path, tmp_path: Path)
 
 
 def test_verify_compares_by_default_and_a_baseline_only_run_never_passes(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(["verify", "--model-path", str(patched_tiny), "--json"] + FAST, tmp_path)
+    done = run_process(["verify", "--model-path", str(patched_tiny), "--json"] + FAST, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json_out(done)  # no --use_pto: compared all the same
     assert doc["compared"] and doc["passed"] is True and doc["accuracy"] is not None
     assert doc["switched_on"] == ["rms_norm", "mrope", "swiglu_mlp"]
-    alone = run_cli(["verify", "--model-path", str(patched_tiny), "--baseline-only"] + FAST, tmp_path)
+    alone = run_process(["verify", "--model-path", str(patched_tiny), "--baseline-only"] + FAST, tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert "PASSED" not in alone.stdout and "BASELINE ONLY" in alone.stdout
-    both = run_cli(["verify", "--model-path", str(patched_tiny), "--baseline-only", "--use_pto"], tmp_path)
+    both = run_process(
+        ["verify", "--model-path", str(patched_tiny), "--baseline-only", "--use_pto"], tmp_path
+    )
     assert both.returncode == EXIT_USAGE and "--baseline-only and --use_pto" in both.stderr
 
 
 def test_an_unpatched_folder_is_refused_unless_baseline_only(tmp_path: Path):
     folder = tmp_path / "plain"
     make_tiny(folder)
-    refused = run_cli(["verify", "--model-path", str(folder)] + FAST, tmp_path)
+    refused = run_process(["verify", "--model-path", str(folder)] + FAST, tmp_path)
     assert (
         refused.returncode == 1
         and "pto-patch apply" in refused.stderr
         and "--baseline-only" in refused.stderr
     )
-    done = run_cli(["verify", "--model-path", str(folder), "--baseline-only", "--json"] + FAST, tmp_path)
+    done = run_process(["verify", "--model-path", str(folder), "--baseline-only", "--json"] + FAST, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json_out(done)
     assert doc["pto"] is None and doc["accuracy"] is None
@@ -864,7 +804,7 @@ def test_other_patcher_checks_fail_only_switched_on_ops():
 
 
 def test_an_instance_forward_replaced_after_loading_fails_verify(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
         tmp_path,
         after_load=PATCH_ONE_MLP,
@@ -886,7 +826,7 @@ def test_an_instance_forward_replaced_after_loading_fails_verify(patched_tiny: P
 
 
 def test_a_class_forward_replaced_after_import_fails_verify(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--use_pto", "--json"] + FAST,
         tmp_path,
         after_load=PATCH_RMS_NORM_CLASS,
@@ -906,7 +846,7 @@ def test_a_class_forward_replaced_after_import_fails_verify(patched_tiny: Path, 
 
 
 def test_baseline_only_another_patcher_is_a_warning(patched_tiny: Path, tmp_path: Path):
-    done = run_cli(
+    done = run_process(
         ["verify", "--model-path", str(patched_tiny), "--baseline-only"] + FAST,
         tmp_path,
         after_load=PATCH_ONE_MLP,

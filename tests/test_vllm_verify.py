@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError, SpecError
 from pto_patch.hub.tiny_model import TextWidths, make_tiny, model_config
+from pto_patch.model.spec import load_spec
 from pto_patch.patching import engine
 from pto_patch.run.report import json_document
 from pto_patch.serving.vllm_verify import VllmVerifyOptions, compare_tokens, verify_with_vllm
-
-
-def _cli(args: list[str], **extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
-    env.pop("GUTENOCR_MODEL_PATH", None)
-    return subprocess.run(
-        [sys.executable, "-m", "pto_patch", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +33,8 @@ def test_make_tiny_widths_give_a_head_dim_vllm_takes_and_scale_the_section(tiny:
         2,
     )
     assert config["rope_scaling"]["mrope_section"] == [8, 12, 12]
-    assert model_config()["hidden_size"] == 64  # the defaults are unchanged
+    # the defaults are the spec's, unchanged by another build's widths
+    assert model_config()["hidden_size"] == load_spec("gutenocr_3b").tiny["text"]["hidden_size"]
 
 
 def test_make_tiny_refuses_widths_the_section_does_not_scale_to():
@@ -58,15 +50,15 @@ def model_config_for(widths: TextWidths):
     return _sizes(load_spec("gutenocr_3b"), False, None, widths)
 
 
-def test_a_patched_folder_is_refused_with_one_line_and_a_hint(tmp_path: Path):
+def test_a_patched_folder_is_refused_with_one_line_and_a_hint(tmp_path: Path, capsys):
     folder = tmp_path / "patched"
     make_tiny(folder)
     engine.apply_patch(model_path=folder)
-    done = _cli(["verify", "--engine", "vllm", "--use_pto", "--model-path", str(folder)])
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.strip().splitlines()
+    assert run_cli("verify", "--engine", "vllm", "--use_pto", "--model-path", str(folder)) == 1
+    stderr = capsys.readouterr().err
+    lines = stderr.strip().splitlines()
     assert len(lines) == 2 and "is patched by pto-patch" in lines[0] and "pto-patch restore" in lines[1]
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize(
@@ -74,35 +66,36 @@ def test_a_patched_folder_is_refused_with_one_line_and_a_hint(tmp_path: Path):
     [
         (["--engine", "sglang"], "--engine 'sglang'"),
         (["--multiprocessing"], "--multiprocessing only applies with --engine vllm"),
-        (["--engine", "vllm", "--atol", "0.1"], "--atol"),
+        (["--engine", "vllm", "--allow-modified"], "--allow-modified"),
     ],
 )
-def test_usage_errors_exit_2(tiny: Path, args: list[str], named: str):
-    done = _cli(["verify", "--model-path", str(tiny), *args])
-    assert done.returncode == 2, done.stderr
-    assert named in done.stderr and "Traceback" not in done.stderr
+def test_usage_errors_exit_2(tiny: Path, args: list[str], named: str, capsys):
+    assert run_cli("verify", "--model-path", str(tiny), *args) == 2
+    stderr = capsys.readouterr().err
+    assert named in stderr and "Traceback" not in stderr
 
 
-def test_an_unknown_op_fails_as_in_verify(tiny: Path):
-    done = _cli(
-        ["verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,gelu", "--model-path", str(tiny)]
+def test_an_unknown_op_fails_as_in_verify(tiny: Path, capsys):
+    code = run_cli(
+        "verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,gelu", "--model-path", str(tiny)
     )
-    assert done.returncode == 2 and "unknown op(s) gelu" in done.stderr and "Traceback" not in done.stderr
+    stderr = capsys.readouterr().err
+    assert code == 2 and "unknown op(s) gelu" in stderr and "Traceback" not in stderr
 
 
-def test_a_decoder_layer_block_is_a_usage_error_naming_what_vllm_runs(tiny: Path):
-    done = _cli(
-        ["verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,mlp_block", "--model-path", str(tiny)]
+def test_a_decoder_layer_block_is_a_usage_error_naming_what_vllm_runs(tiny: Path, capsys):
+    code = run_cli(
+        "verify", "--engine", "vllm", "--use_pto", "--ops", "rms_norm,mlp_block", "--model-path", str(tiny)
     )
-    assert done.returncode == 2 and "decoder-layer block(s) mlp_block" in done.stderr, done.stderr
-    assert "rms_norm, mrope, swiglu_mlp" in done.stderr and "Traceback" not in done.stderr
+    stderr = capsys.readouterr().err
+    assert code == 2 and "decoder-layer block(s) mlp_block" in stderr, stderr
+    assert "rms_norm, mrope, swiglu_mlp" in stderr and "Traceback" not in stderr
 
 
-def test_an_unknown_backend_in_the_environment_is_a_usage_error(tiny: Path):
-    done = _cli(
-        ["verify", "--engine", "vllm", "--use_pto", "--model-path", str(tiny)], PTO_KERNELS_BACKEND="gpu"
-    )
-    assert done.returncode == 2 and "PTO_KERNELS_BACKEND='gpu'" in done.stderr
+def test_an_unknown_backend_in_the_environment_is_a_usage_error(tiny: Path, monkeypatch, capsys):
+    monkeypatch.setenv("PTO_KERNELS_BACKEND", "gpu")
+    assert run_cli("verify", "--engine", "vllm", "--use_pto", "--model-path", str(tiny)) == 2
+    assert "PTO_KERNELS_BACKEND='gpu'" in capsys.readouterr().err
 
 
 def test_without_vllm_installed_verify_says_how_to_install_it(tiny: Path, monkeypatch):
@@ -153,7 +146,56 @@ def test_the_text_report_shows_calls_layers_agreement_and_the_verdict(tokens_equ
     assert json_document(report)["engine"] == "vllm" and json_document(report)["passed"] is tokens_equal
 
 
-def _engine_run(stats: dict, tokens: list[list[int]]) -> dict:
+@pytest.fixture(scope="module")
+def faithful(tiny: Path) -> dict:
+    """What a vLLM run that computes exactly what the transformers eager reference computes would hand
+    back: the reference's tokens, its prompt ids and each step's top logprobs (from the real reference)."""
+    from pto_patch.model.spec import load_spec
+    from pto_patch.serving import vllm_verify
+
+    options = VllmVerifyOptions(model_path=tiny, dtype="fp32", output_length=6)
+    bare = {"prompt_token_ids": _prompt_ids(tiny)}
+    generation, _ = vllm_verify._reference_generation(
+        load_spec("gutenocr_3b"), tiny, "Hello", options, "cpu", bare
+    )
+    trace = generation.trace
+    steps = []
+    for step in range(trace.steps):
+        normalizer = float(trace.log_normalizers[step][0])
+        top = zip(trace.top_indices[step][0].tolist(), trace.top_values[step][0].tolist(), strict=True)
+        steps.append([[token, value - normalizer] for token, value in top])
+    return {
+        "prompt_token_ids": bare["prompt_token_ids"],
+        "token_ids": [generation.new_tokens[0].tolist()],
+        "logprobs": [steps],
+    }
+
+
+def _prompt_ids(folder: Path) -> list[int]:
+    from pto_patch.model.spec import load_spec
+    from pto_patch.run.image_inputs import build_inputs
+
+    spec = load_spec("gutenocr_3b")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = build_inputs(
+        folder, "Hello", None, tokenizer=tokenizer, generation_class=spec.family.generation_class
+    )
+    return inputs["input_ids"][0].tolist()
+
+
+def _shifted(run: dict, step: int, by: float) -> dict:
+    """`run` with every logprob of one step but the top one lowered by `by` (a skewed distribution)."""
+    logprobs = json.loads(json.dumps(run["logprobs"]))
+    for sequence in logprobs:
+        for entry in sequence[step][1:]:
+            entry[1] -= by
+    return {**run, "logprobs": logprobs}
+
+
+def _engine_run(stats: dict, faithful: dict) -> dict:
+    """A canned engine run: its kernel stats, and the tokens and logprobs of `faithful` (or a skewed copy)."""
     worker = {
         "pid": 7,
         "stats": stats,
@@ -163,9 +205,9 @@ def _engine_run(stats: dict, tokens: list[list[int]]) -> dict:
         "pto_kernels_path": "/k",
     }
     return {
-        "engine_pid": 7, "workers": [worker], "token_ids": tokens, "texts": ["x"], "prompt_tokens": 9,
+        "engine_pid": 7, "workers": [worker], "texts": ["x"], "prompt_tokens": 9,
         "import_s": 1.0, "load_s": 1.0, "latency_s": 0.1, "latencies_s": [0.1], "tokens_per_s": 80.0,
-        "vllm_version": "0.32.0",
+        "vllm_version": "0.32.0", **faithful,
     }  # fmt: skip
 
 
@@ -180,14 +222,14 @@ def _entry(calls: int, fallbacks: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, monkeypatch, strict: bool):
+def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, faithful: dict, monkeypatch, strict: bool):
     """Stray calls in the baseline, an op that never ran and a fallback: each its own failure (the fallback
     only with --strict); the runs themselves are canned here, the lane runs vLLM."""
     from pto_patch.serving import vllm_verify
 
     runs = {
-        "baseline": _engine_run({"rms_norm": _entry(3)}, [[1, 2, 3]]),
-        "pto": _engine_run({"rms_norm": _entry(4, fallbacks=1), "mrope": _entry(0), "swiglu_mlp": _entry(2)}, [[1, 2, 3]]),
+        "baseline": _engine_run({"rms_norm": _entry(3)}, faithful),
+        "pto": _engine_run({"rms_norm": _entry(4, fallbacks=1), "mrope": _entry(0), "swiglu_mlp": _entry(2)}, faithful),
     }  # fmt: skip
     monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
     monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
@@ -199,11 +241,11 @@ def test_what_vllms_runs_report_decides_the_verdict(tiny: Path, monkeypatch, str
     assert report.accuracy["tokens_equal"] and report.exit_code == 3
 
 
-def test_a_clean_report_passes(tiny: Path, monkeypatch):
+def test_a_clean_report_passes(tiny: Path, faithful: dict, monkeypatch):
     from pto_patch.serving import vllm_verify
 
     ops = {op: _entry(5) for op in ("rms_norm", "mrope", "swiglu_mlp")}
-    runs = {"baseline": _engine_run({}, [[1, 2]]), "pto": _engine_run(ops, [[1, 2]])}
+    runs = {"baseline": _engine_run({}, faithful), "pto": _engine_run(ops, faithful)}
     seen_env = {}
     monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
     monkeypatch.setattr(
@@ -218,7 +260,9 @@ def test_a_clean_report_passes(tiny: Path, monkeypatch):
     assert seen_env["pto"]["PTO_KERNELS_BACKEND"] == "torch"
 
 
-def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(tiny: Path, monkeypatch, capsys):
+def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(
+    tiny: Path, faithful: dict, monkeypatch, capsys
+):
     """On an NPU, vllm-ascend's npu_mrope runs GutenOCR's MRoPE: verify says so per layer class instead of
     failing the op as never run; a layer that ran nothing it can name is still a failure."""
     from pto_patch.cli import render
@@ -226,12 +270,12 @@ def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(tiny: Pa
 
     ascend = "vllm_ascend.ops.rotary_embedding.AscendMRotaryEmbedding (mrope_section [16, 24, 24]: one torch_npu.npu_mrope kernel)"
     ops = {"rms_norm": _entry(5), "mrope": _entry(0), "swiglu_mlp": _entry(5)}
-    pto = _engine_run(ops, [[1, 2]])
+    pto = _engine_run(ops, faithful)
     pto["workers"][0]["layers"] = {
         "RMSNorm": {"built": 5, "pto": 5, "runs": {"pto_kernels": 5}},
         "MRotaryEmbedding": {"built": 1, "pto": 0, "runs": {ascend: 1}},
     }
-    runs = {"baseline": _engine_run({}, [[1, 2]]), "pto": pto}
+    runs = {"baseline": _engine_run({}, faithful), "pto": pto}
     monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
     monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
     report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True))
@@ -244,3 +288,76 @@ def test_layers_left_to_vllm_ascends_kernel_are_named_and_not_a_failure(tiny: Pa
     pto["workers"][0]["layers"]["MRotaryEmbedding"]["runs"] = {"pto_patch.serving.vllm_layers.PtoX": 1}
     report = verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True))
     assert "mrope: switched on but never ran in vLLM's worker(s)" in report.failures
+
+
+def _judged_verify(tiny: Path, runs: dict, monkeypatch):
+    from pto_patch.serving import vllm_verify
+
+    monkeypatch.setattr(vllm_verify, "_check_vllm", lambda: None)
+    monkeypatch.setattr(vllm_verify, "_run_engine", lambda mode, request, env, work: runs[mode])
+    return verify_with_vllm(VllmVerifyOptions(model_path=tiny, use_pto=True, dtype="fp32", output_length=6))
+
+
+def test_each_vllm_run_is_judged_against_the_transformers_eager_reference(
+    tiny: Path, faithful: dict, monkeypatch, capsys
+):
+    """vLLM against the transformers eager run, not vLLM against vLLM: the two vLLM runs agree with each other
+    (both skewed alike at step 3), and verify still fails, naming vLLM and the step."""
+    from pto_patch.cli import render
+
+    ops = {op: _entry(5) for op in ("rms_norm", "mrope", "swiglu_mlp")}
+    skewed = _shifted(faithful, 3, 0.5)
+    report = _judged_verify(
+        tiny, {"baseline": _engine_run({}, skewed), "pto": _engine_run(ops, skewed)}, monkeypatch
+    )
+    assert report.accuracy["tokens_equal"] and report.exit_code == 3
+    baseline, pto = report.judged["baseline"], report.judged["pto"]
+    assert baseline.first_failing_step == 3 and pto.first_failing_step == 3
+    assert baseline.worst_diff == pytest.approx(0.5, abs=1e-4) and baseline.worst_tolerance < 0.5
+    assert any(
+        "baseline (vLLM)" in f and "decode step 3" in f and "a fault of vLLM, not a kernel's" in f
+        for f in report.failures
+    )
+    assert any("pto (vLLM)" in f and "the mode's fault" in f for f in report.failures)
+    doc = json_document(report)
+    assert (
+        doc["judged"]["baseline"]["first_failing_step"] == 3
+        and doc["reference"]["token_ids"] == faithful["token_ids"][0]
+    )
+    render.show(report, as_json=False)
+    shown = capsys.readouterr().out
+    assert "transformers eager (reference)" in shown and "reference text:" in shown
+
+
+def test_a_pto_run_that_differs_from_the_reference_names_the_kernels(tiny: Path, faithful: dict, monkeypatch):
+    ops = {op: _entry(5) for op in ("rms_norm", "mrope", "swiglu_mlp")}
+    runs = {"baseline": _engine_run({}, faithful), "pto": _engine_run(ops, _shifted(faithful, 1, 0.5))}
+    report = _judged_verify(tiny, runs, monkeypatch)
+    assert report.judged["baseline"].passed and report.judged["baseline"].steps_judged == 6
+    assert report.judged["baseline"].worst_diff < 1e-4  # the reference's own logprobs, recomputed
+    assert report.exit_code == 3 and len(report.failures) == 1
+    assert "pto (vLLM)" in report.failures[0] and "decode step 1" in report.failures[0]
+    assert "the kernels switched on (rms_norm, mrope, swiglu_mlp)" in report.failures[0]
+
+
+def test_the_near_tie_rule_at_the_first_divergence():
+    """Each side's token in the other's top 5: a near tie passes and ends the judging; a token outside the
+    reference's top 5 fails at that step (vLLM's check_logprobs_close)."""
+    import torch
+
+    from pto_patch.run.judging import StepTrace, judge_free_run
+
+    values = torch.tensor([[4.0, 3.99, 1.0, 0.5, 0.2, 0.1, -1.0, -2.0]])
+    trace = StepTrace(
+        tokens=[torch.tensor([0])] * 3, top_values=[values] * 3, top_indices=[torch.arange(8)[None]] * 3,
+        scales=[torch.tensor([4.0])] * 3, log_normalizers=[torch.logsumexp(values, -1)] * 3, finished_after=[None],
+    )  # fmt: skip
+    logprobs = [{i: float(v - torch.logsumexp(values, -1)) for i, v in enumerate(values[0])}] * 3
+    agree = judge_free_run(trace, [[0, 0, 0]], [logprobs], 1e-3, 1e-4, "pto")
+    assert agree.passed and agree.steps_judged == 3 and agree.first_choice_divergence is None
+    tie = judge_free_run(trace, [[0, 1, 0]], [logprobs], 1e-3, 1e-4, "pto")
+    assert (
+        tie.passed and tie.steps_judged == 2 and tie.first_choice_divergence == 1 and tie.divergence_near_tie
+    )
+    far = judge_free_run(trace, [[0, 7, 0]], [logprobs], 1e-3, 1e-4, "pto")
+    assert not far.passed and far.first_failing_step == 1 and far.divergence_near_tie is False

@@ -29,7 +29,7 @@ import torch
 
 from . import _dispatch, ops, static_cache, tuning
 from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
-from .backends import reference
+from .backends import decode_lengths, reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
 from .tuning import TuningError, TuningMismatchError
 
@@ -306,7 +306,7 @@ def attention_prologue_cache_wrapper(
     attention, norm, hidden_states, cos, sin, mrope_section, cache, position
 ):
     """attention_prologue_wrapper where the attention's cache update follows: (q, k, v, written). When the
-    cache is transformers' static cache and the call a decode of one row (static_cache.write_target), the
+    cache is transformers' static cache and the call a decode step, one row a sequence (static_cache.write_target), the
     op also writes k and v into the layer's caches at the update's position and advances the layer's
     length where the release keeps one (one kernel on the pypto backend), and hands back the caches as k
     and v with written True: the attention then skips its update. Otherwise (q, k, v, False), as
@@ -317,8 +317,10 @@ def attention_prologue_cache_wrapper(
     args = _prologue_args(attention, norm, hidden_states)
     args += (cos, sin, [int(s) for s in mrope_section], int(attention.head_dim))
     args += (target.keys, target.values, target.position, target.advance)
-    q = ops.attention_prologue_cached(*args) if _tracing() else _attention_prologue_cached(*args)
-    return q, target.keys, target.values, True
+    if _tracing():  # the position marked written only where the op advances it (5.8+: the layer's own)
+        op = ops.attention_prologue_cached if target.advance else ops.attention_prologue_cached_at
+        return op(*args), target.keys, target.values, True
+    return _attention_prologue_cached(*args), target.keys, target.values, True
 
 
 def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, sin, cache, position):
@@ -328,18 +330,21 @@ def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, 
         return (*attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin), False)
     args = _prologue_args(attention, norm, hidden_states) + (cos, sin, int(attention.head_dim))
     args += (target.keys, target.values, target.position, target.advance)
-    q = ops.attention_prologue_mixed_cached(*args) if _tracing() else _attention_prologue_mixed_cached(*args)
-    return q, target.keys, target.values, True
+    if _tracing():
+        op = ops.attention_prologue_mixed_cached if target.advance else ops.attention_prologue_mixed_cached_at
+        return op(*args), target.keys, target.values, True
+    return _attention_prologue_mixed_cached(*args), target.keys, target.values, True
 
 
-def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale):
+def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):
     """A decode step's attention core over a static KV cache: query [b, q_heads, s, d] (s <= 16 new rows,
     the last s of each sequence's kv_lens[b] valid positions, causal among themselves), key_cache /
-    value_cache [b, kv_heads, cache_len, d] already holding the new rows, kv_lens [b] integers; softmax in
+    value_cache [b, kv_heads, cache_len, d] already holding the new rows, kv_lens [b] integers, kv_starts
+    [b] integers (each sequence's first valid position: left padding before it; None: 0); softmax in
     fp32. Returns [b, s, q_heads * d], the input of o_proj (and of mlp_block)."""
     if _tracing():
-        return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale))
-    return _attention_core(query, key_cache, value_cache, kv_lens, scale)
+        return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale), kv_starts)
+    return _attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)
 
 
 def _implementation(attention) -> str | None:
@@ -349,8 +354,11 @@ def _implementation(attention) -> str | None:
 
 def attention_core_model_wrapper(attention, query, key_cache, value_cache, attention_mask):
     """attention_core_wrapper as a patched attention calls it, in place of its attention function: each
-    sequence's length read from the mask the attention received (backends/decode_lengths.py: once per forward, not
-    per layer), the scale the attention's own (`attention.scaling`). Returns [b, s, q_heads * d].
+    sequence's range (its first valid position and its length: a left-padded batch) read from the mask the
+    attention received (backends/decode_lengths.py: once per forward, not per layer), the scale the
+    attention's own (`attention.scaling`). Returns [b, s, q_heads * d], or None when the mask is not one
+    range a sequence (a hole inside one: checked eagerly, once per forward, with one value read back), and
+    the attention then runs its own function.
 
     Without a mask, sdpa runs several new rows as `is_causal`, which aligns them to the keys' start (row i
     sees keys 0 .. i): a static cache's short prefill, whose positions after the rows were never written;
@@ -358,30 +366,11 @@ def attention_core_model_wrapper(attention, query, key_cache, value_cache, atten
     does, and one row sees every key under both: the op gets them all."""
     scale = float(attention.scaling)
     rows = query.shape[2]
+    if not _tracing() and not _dispatch.capturing(query.device.type):
+        if not decode_lengths.LENGTHS.one_range_each(attention_mask, key_cache):
+            return None
     if attention_mask is None and rows > 1 and _implementation(attention) == "sdpa":
         key_cache, value_cache = key_cache[:, :, :rows], value_cache[:, :, :rows]
     if _tracing():
         return ops.attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
     return _attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
-
-
-# Modules that moved into backends/ and tiling/, by their old names, for code written before the move
-# (`from pto_kernels import fused` still gives the backend module itself). New code imports the new names.
-_MOVED = {
-    "fused": "backends.fused",
-    "npu": "backends.npu",
-    "pypto_kernels": "backends.pypto_kernels",
-    "pypto_blocks": "backends.pypto_blocks",
-    "pypto_device": "backends.pypto_device",
-    "tile_table": "tiling.tile_table",
-    "tile_budget": "tiling.tile_budget",
-}
-
-
-def __getattr__(name: str):
-    moved = _MOVED.get(name)
-    if moved is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return importlib.import_module(f"{__name__}.{moved}")

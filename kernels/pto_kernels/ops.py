@@ -26,11 +26,16 @@ and the decoder-layer blocks, several of a layer's ops in one launch (reference.
                                                           value_cache, position, advance)
         -> q; k and v written into the static caches at position, and position advanced by the new rows
            with advance (the cache update's work, in place)
+    torch.ops.pto_kernels.attention_prologue_cached_at(<the same>, advance=False)
+    torch.ops.pto_kernels.attention_prologue_mixed_cached_at(<the same>, advance=False)
+        -> the same write at a position the op leaves as it is (4.57 - 5.0: the attention's cache_position,
+           which the layer does not own): its schema marks the caches written, not the position
 
 and the attention core between them, over the static KV cache of a decode step:
 
-    torch.ops.pto_kernels.attention_core(q, key_cache, value_cache, kv_lens, scale) -> [b, s, heads * d]
-    torch.ops.pto_kernels.attention_core_masked(q, key_cache, value_cache, attention_mask, scale)  # lengths
+    torch.ops.pto_kernels.attention_core(q, key_cache, value_cache, kv_lens, scale, kv_starts=None)
+        -> [b, s, heads * d]; each sequence's kv_lens[b] valid positions from kv_starts[b] (left padding)
+    torch.ops.pto_kernels.attention_core_masked(q, key_cache, value_cache, attention_mask, scale)  # ranges
                                                                                 # from the model's mask
 
 The ops are registered once per process. The body runs the routes of the `pto_kernels` package that is
@@ -41,6 +46,7 @@ on the device without Python (CUDA graph, ACL graph) replays the kernels it laun
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import types
@@ -232,10 +238,28 @@ def _attention_prologue_mixed_cached(
     )
 
 
+def _fixed_position(body):
+    """An `_at` op's body: the cache write at a position it never advances (its schema does not mark it
+    written, so an advance would go unseen by a compiled graph)."""
+
+    @functools.wraps(body)
+    def at(*args):
+        if args[-1]:
+            raise ValueError("an _at cache-writing prologue writes at its position and never advances it")
+        return body(*args)
+
+    return at
+
+
 def _attention_core(
-    query: Tensor, key_cache: Tensor, value_cache: Tensor, kv_lens: Tensor, scale: float
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    kv_lens: Tensor,
+    scale: float,
+    kv_starts: Tensor | None = None,
 ) -> Tensor:
-    return _run("attention_core", (query, key_cache, value_cache, kv_lens, scale))
+    return _run("attention_core", (query, key_cache, value_cache, kv_lens, scale, kv_starts))
 
 
 def _attention_core_masked(
@@ -260,15 +284,25 @@ _OPS = {
         _attention_prologue_mixed_cached,
         reference.attention_prologue_mixed_cached,
     ),
+    "attention_prologue_cached_at": (
+        _fixed_position(_attention_prologue_cached),
+        reference.attention_prologue_cached,
+    ),
+    "attention_prologue_mixed_cached_at": (
+        _fixed_position(_attention_prologue_mixed_cached),
+        reference.attention_prologue_mixed_cached,
+    ),
     "attention_core": (_attention_core, reference.attention_core),
     "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
-# ops that write into arguments of theirs (the static KV cache, the position with advance), as torch.library
-# must be told
+# ops that write into arguments of theirs (the static KV cache; the position where the op advances it), as
+# torch.library must be told
 _MUTATES = {
     "attention_prologue_cached": ("key_cache", "value_cache", "position"),
     "attention_prologue_mixed_cached": ("key_cache", "value_cache", "position"),
+    "attention_prologue_cached_at": ("key_cache", "value_cache"),
+    "attention_prologue_mixed_cached_at": ("key_cache", "value_cache"),
 }
 
 
@@ -358,5 +392,7 @@ attention_prologue = torch.ops.pto_kernels.attention_prologue.default
 attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default
 attention_prologue_cached = torch.ops.pto_kernels.attention_prologue_cached.default
 attention_prologue_mixed_cached = torch.ops.pto_kernels.attention_prologue_mixed_cached.default
+attention_prologue_cached_at = torch.ops.pto_kernels.attention_prologue_cached_at.default
+attention_prologue_mixed_cached_at = torch.ops.pto_kernels.attention_prologue_mixed_cached_at.default
 attention_core = torch.ops.pto_kernels.attention_core.default
 attention_core_masked = torch.ops.pto_kernels.attention_core_masked.default

@@ -9,10 +9,12 @@ returns k and v and the update runs as written. transformers' StaticLayer.update
 - 5.8 - 5.25: writes at its own `cumulative_length` (int64: shape [1] in 5.8, 0-d from 5.16) and advances
   it in place by the new rows (`advance`: the op does that after the write, as the update would; on the
   pypto backend inside the same kernel).
-A target is given only for what the op takes and transformers' update would do the same: one new row
-(batch-1 decode); the cache's own `Cache.update` (not a subclass's) with no offloading; the layer a
-`StaticLayer` (not a sliding-window one) already allocated, in the new rows' dtype and on their device;
-an int64 position. Anything else (prefill, a dynamic cache, batches) goes through transformers' update.
+A target is given only for what the op takes and transformers' update would do the same: one new row a
+sequence (a decode step at any batch: every sequence of a left-padded batch writes at the one position the
+update writes at, its row of the batch axis); the cache's own `Cache.update` (not a subclass's) with no
+offloading; the layer a `StaticLayer` (not a sliding-window one) already allocated for the call's batch,
+in the new rows' dtype and on their device; an int64 position. Anything else (prefill, a dynamic cache)
+goes through transformers' update.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _TRANSFORMERS_CACHE = "transformers.cache_utils"
 
 
 class WriteTarget(NamedTuple):
-    keys: torch.Tensor  # [1, kv_heads, cache_len, head_dim]
+    keys: torch.Tensor  # [batch, kv_heads, cache_len, head_dim]
     values: torch.Tensor
     position: torch.Tensor  # int64, its first element the new row's position
     advance: bool  # the layer counts its own length (5.8+): the op advances it after the write
@@ -47,8 +49,8 @@ def write_target(
     cache, layer_idx: int, hidden_states: torch.Tensor, cache_position=None
 ) -> WriteTarget | None:
     """The caches and position the attention's `cache.update(k, v, layer_idx, ...)` would write this call's
-    new row at, or None when the update must run as written (see the module's docstring)."""
-    if cache is None or hidden_states.dim() != 3 or hidden_states.shape[0] * hidden_states.shape[1] != 1:
+    new rows (one a sequence) at, or None when the update must run as written (see the module's docstring)."""
+    if cache is None or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
         return None
     layers = getattr(cache, "layers", None)
     if getattr(cache, "offloading", False) or not isinstance(layers, list) or layer_idx >= len(layers):
@@ -63,7 +65,9 @@ def write_target(
     if not isinstance(position, torch.Tensor) or position.dtype != torch.int64 or position.numel() < 1:
         return None
     keys, values = layer.keys, layer.values
-    if keys.shape[0] != 1 or keys.dtype != hidden_states.dtype or keys.device != hidden_states.device:
+    if keys.shape[0] != hidden_states.shape[0] or keys.dtype != hidden_states.dtype:
+        return None
+    if keys.device != hidden_states.device:
         return None
     if position.device != keys.device:
         return None

@@ -7,6 +7,7 @@ Set PTO_PATCH_DEBUG=1 to see the full traceback of any error.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -14,7 +15,7 @@ import traceback
 from functools import cached_property
 from typing import Any
 
-from pto_patch.errors import EXIT_ERROR, EXIT_INTERRUPTED, PtoPatchError
+from pto_patch.errors import EXIT_ERROR, PtoPatchError
 
 DEBUG_ENV = "PTO_PATCH_DEBUG"
 PIPED_WIDTH = 200  # columns of text output that goes to a pipe or a file
@@ -35,14 +36,22 @@ class _Console:
         # own width, or $COLUMNS, is kept.
         stream = sys.stderr if self._stderr else sys.stdout
         piped = not (getattr(stream, "isatty", lambda: False)() or os.environ.get("COLUMNS"))
-        return Console(
+        return _literal_on_bad_markup(Console)(
             stderr=self._stderr, highlight=False, soft_wrap=True, width=PIPED_WIDTH if piped else None
         )
 
     def print(self, *objects: Any, **options: Any) -> None:
         """rich's print; a line rich would print unchanged goes straight out while rich is not yet
-        loaded (importing it is a third of a `restore`)."""
-        if not options and len(objects) == 1 and is_plain(objects[0]) and "rich_console" not in vars(self):
+        loaded (importing it is a third of a `restore`). Text is text: a string printed without
+        `markup=True` is printed as it is, so a folder or a spec holding `[/]` or `[red]` shows as written."""
+        if all(type(item) is str for item in objects):
+            options.setdefault("markup", False)
+        if (
+            options == {"markup": False}
+            and len(objects) == 1
+            and is_plain(objects[0])
+            and ("rich_console" not in vars(self))
+        ):
             stream = sys.stderr if self._stderr else sys.stdout
             stream.write(objects[0] + "\n")
             stream.flush()
@@ -51,6 +60,22 @@ class _Console:
 
     def __getattr__(self, name: str):
         return getattr(self.rich_console, name)
+
+
+def _literal_on_bad_markup(console_class):
+    """rich's Console, where a string whose markup does not parse (a table cell holding a path like
+    `mk[/]`) is shown as written instead of ending the command in a MarkupError."""
+    from rich.errors import MarkupError
+    from rich.text import Text
+
+    class LiteralOnBadMarkup(console_class):
+        def render_str(self, text: str, **options: Any):
+            try:
+                return super().render_str(text, **options)
+            except MarkupError:
+                return Text(text, style=options.get("style") or "")
+
+    return LiteralOnBadMarkup
 
 
 # rich's emoji codes (`:name:`, nothing blank inside); `[` opens markup; other characters rich changes
@@ -77,9 +102,22 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "False")
 
 
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float as null: JSON has no such numbers (json.dumps would write
+    a bare NaN, which no strict reader takes)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
+
+
 def print_json(document: Any) -> None:
-    """Print exactly one JSON document on stdout."""
-    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n")
+    """Print exactly one JSON document on stdout, valid JSON whatever it holds (`finite`)."""
+    text = json.dumps(finite(document), indent=2, ensure_ascii=False, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
@@ -95,20 +133,25 @@ def report_hint(hint: str) -> None:
 INTERRUPTED_HINT = "run it again; `pto-patch status` shows the folder's state (apply and restore roll back)"
 
 
-def report_interrupted(command: str | None, *, as_json: bool = False) -> int:
-    """An interrupted run (Ctrl-C): one line, and under --json still one document."""
+def report_interrupted(command: str | None, *, as_json: bool = False, signal_name: str = "SIGINT") -> int:
+    """An interrupted run (Ctrl-C, or SIGTERM: `signal_name`): one line, and under --json still one
+    document; the exit code is 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM)."""
+    import signal
+
+    code = 128 + int(getattr(signal, signal_name))
+    what = "interrupted" if signal_name == "SIGINT" else f"interrupted ({signal_name})"
     if as_json:
         print_json(
             {
-                "error": "interrupted",
+                "error": what,
                 "hint": INTERRUPTED_HINT,
-                "exit_code": EXIT_INTERRUPTED,
+                "exit_code": code,
                 "command": command,
             }
         )
     else:
-        err.print("[bold red]interrupted[/]", markup=True, highlight=False)
-    return EXIT_INTERRUPTED
+        err.print(f"[bold red]{escape(what)}[/]", markup=True, highlight=False)
+    return code
 
 
 def report_error(exc: BaseException, *, as_json: bool = False, command: str | None = None) -> int:

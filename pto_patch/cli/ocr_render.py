@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pto_patch.cli.console import err, folding_table, out
+from pto_patch.cli.console import err, escape, folding_table, out
+from pto_patch.cli.judged_render import judged_readings_text, ops_table
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -11,11 +12,11 @@ def _num(value: float | None, digits: int = 3) -> str:
 
 def _messages(result) -> None:
     for note in result.notes:
-        out.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
+        out.print(f"[yellow]note:[/] {escape(note)}", markup=True, highlight=False)
     for warning in result.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
     for failure in result.failures:
-        err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
+        err.print(f"[bold red]failed:[/] {escape(failure)}", markup=True, highlight=False)
 
 
 def _verdict(result) -> None:
@@ -75,6 +76,9 @@ def ocr_verify_text(report) -> None:
             f"{worst.task}: {worst.cer_rise:+.3f} (margins: {report.margins['reading_cer_rise']} per reading, "
             f"{report.margins['mean_cer_rise']} on the mean)"
         )
+    judged_readings_text(report)
+    if report.ops:
+        ops_table(report.ops)
     if report.saved_outputs:
         out.print(f"  answers saved to {report.saved_outputs}")
     if report.against_outputs:
@@ -137,6 +141,8 @@ def page_bench_text(result) -> None:
                 f"prefill {split['prefill'] * 100:.1f} %, decode {split['decode'] * 100:.1f} % "
                 f"of {run.latency_s:.3f} s ({run.new_tokens} new tokens)"
             )
+    if result.ops:
+        ops_table(result.ops)
     if result.plot:
         out.print(f"  plot written to {result.plot}")
     for path in result.files:

@@ -69,6 +69,7 @@ def _root(
 
 
 # Spellings mirror the reference run script (--use_pto, --output_length, ...); dashed forms work too.
+# `--help` lists an option by its first spelling (cli/spellings.py), so the first is the one to document.
 # verify, bench and tune name their parameters as the fields of their options dataclass (shared ones in
 # run.options.RunOptions), so `as_options` hands them over without a list to keep in step.
 

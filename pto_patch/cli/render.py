@@ -15,6 +15,8 @@ from typing import Any
 
 from pto_patch.cli.compile_render import compilation_text
 from pto_patch.cli.console import err, escape, out, print_json
+from pto_patch.cli.judged_render import accuracy_text, judged_text, ops_table, vllm_judged_text
+from pto_patch.errors import EXIT_ERROR, EXIT_OK
 
 
 def _table(*headers: str, **options):
@@ -24,13 +26,34 @@ def _table(*headers: str, **options):
 
 
 def show(result: Any, *, as_json: bool) -> None:
-    """Print one command's result: exactly one JSON document, or text."""
+    """Print one command's result: exactly one JSON document, or text. Writes the run could not make
+    after its work (run/kept_results) follow its verdict: a `kept` list in the document, or one error
+    line and a hint each."""
+    kept = _kept_writes()
     if as_json:
         from pto_patch.run.report import json_document  # text output never needs the report module
 
-        print_json(json_document(result))
-    else:
-        TEXT[type(result).__name__](result)
+        document = json_document(result)
+        if kept:
+            document["kept"] = [write.to_json() for write in kept]
+        print_json(document)
+        return
+    TEXT[type(result).__name__](result)
+    for write in kept:
+        err.print(f"[bold red]error:[/] {escape(write.line())}", markup=True, highlight=False)
+        err.print(f"[bold]hint:[/] {escape(write.hint())}", markup=True, highlight=False)
+
+
+def exit_code(result: Any) -> int:
+    """The command's exit code: its result's, or 1 (an error) where the verdict passed but a write failed
+    and was kept (the verdict is printed either way; a failed one keeps its own code)."""
+    code = result.exit_code
+    return EXIT_ERROR if code == EXIT_OK and _kept_writes() else code
+
+
+def _kept_writes() -> list:
+    kept = sys.modules.get("pto_patch.run.kept_results")  # never imported: nothing was kept
+    return kept.kept_writes() if kept is not None else []
 
 
 def demo_progress(result: Any, step: str, seconds: float, *, as_json: bool) -> None:
@@ -122,8 +145,8 @@ def _left_behind(result) -> None:
 
 def _status_text(result) -> None:
     table = _table(show_header=False, box=None)
-    table.add_row("folder", str(result.folder))
-    table.add_row("spec", result.spec)
+    table.add_row("folder", escape(str(result.folder)))
+    table.add_row("spec", escape(result.spec))
     if result.state == "in_progress":
         table.add_row("state", "[red]interrupted apply[/] (run pto-patch restore)")
     else:
@@ -139,11 +162,13 @@ def _status_text(result) -> None:
         table.add_row("transformers", release)
         table.add_row("drifted files", ", ".join(result.drifted) or "none")
     if result.overlay:
-        table.add_row("overlay of", str(result.overlay["source"]))
+        table.add_row("overlay of", escape(str(result.overlay["source"])))
         changed = result.overlay["source_changed"]
         table.add_row(
             "source changed",
-            ("[red]" + ", ".join(changed) + "[/] (restore, then apply --overlay again)") if changed else "no",
+            ("[red]" + escape(", ".join(changed)) + "[/] (restore, then apply --overlay again)")
+            if changed
+            else "no",
         )
     if result.tuning:
         _tuning_rows(table, result.tuning)
@@ -268,7 +293,10 @@ def _times(value: float | None, new: float | None = None, old: float | None = No
     return f"{value:.2f}x"
 
 
-def _speed_line(label: str, estimate, ops=None) -> None:
+RANDOM_WEIGHTS_TIMING = " [indicative: random weights, this model's widths only]"
+
+
+def _speed_line(label: str, estimate, ops=None, random_weights: bool = False) -> None:
     """The per-round speed ratio with its noise band, or why the runs say nothing yet; and, where a
     switched-on op never ran, that the ratio is no gain of its."""
     from pto_patch.run.noise import describe
@@ -277,6 +305,7 @@ def _speed_line(label: str, estimate, ops=None) -> None:
         op for op, entry in (ops or {}).items() if entry.switched_on and not entry.calls and not entry.inside
     ]
     note = f" (no gain of {', '.join(silent)}: switched on, never ran)" if silent else ""
+    note += RANDOM_WEIGHTS_TIMING if random_weights else ""
     out.print(f"  {label}: PTO speed / baseline, per timed round: {describe(estimate)}{note}", markup=False)
 
 
@@ -293,9 +322,9 @@ MODE_ROWS = (
 
 def _messages(failures: list[str], warnings: list[str]) -> None:
     for warning in warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
     for failure in failures:
-        err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
+        err.print(f"[bold red]failed:[/] {escape(failure)}", markup=True, highlight=False)
 
 
 def _verdict(report) -> None:
@@ -338,8 +367,9 @@ def _verify_text(report) -> None:
         _dynamic_table(report.dynamic_config)
     _timing_table(report)
     if report.pto is not None:
-        _ops_table(report.ops)
-        _accuracy(report.accuracy)
+        ops_table(report.ops)
+        judged_text(report)
+        accuracy_text(report.accuracy)
     elif source.get("baseline_text") is not None:
         out.print(f"  baseline text: {source['baseline_text']!r}")
     _verdict(report)
@@ -382,8 +412,10 @@ def _vllm_verify_text(report) -> None:
                     out.print(f"  {key}: {n} layer(s) run {runs}", markup=False)
         acc = report.accuracy
         out.print(
-            f"  greedy tokens: {acc['token_match_rate']:.1%} agree ({'equal' if acc['tokens_equal'] else 'differ'})"
+            f"  greedy tokens, vLLM + PTO against vLLM's baseline: {acc['token_match_rate']:.1%} agree "
+            f"({'equal' if acc['tokens_equal'] else 'differ'})"
         )
+    vllm_judged_text(report)
     _verdict(report)
 
 
@@ -441,41 +473,8 @@ def _timing_table(report) -> None:
         table.add_row(*cells)
     out.print(table)
     if pto is not None:
-        _speed_line("speed", report.speed(), report.ops)
+        _speed_line("speed", report.speed(), report.ops, report.random_weights)
     out.print(f"  peak memory: {report.peak_memory_source}")
-
-
-def _ops_table(ops) -> None:
-    table = _table(title="kernels", title_justify="left")
-    for column in ("op", "switched on", "backend", "calls", "fallbacks"):
-        table.add_column(column, justify="right" if column in ("calls", "fallbacks") else "left")
-    for op, entry in ops.items():
-        backends = ", ".join(f"{name} {count}" for name, count in entry.backends.items())
-        inside = f"inside {entry.inside}" if entry.inside else None
-        per_layer = f" ({entry.calls_per_layer:g} per layer)" if entry.calls_per_layer and entry.calls else ""
-        if entry.cache_writes:
-            per_layer += f", {entry.cache_writes} writing the KV cache"
-        table.add_row(
-            op,
-            "yes" if entry.switched_on else "no",
-            backends or inside or (entry.backend or "-"),
-            f"{entry.calls}{per_layer}",
-            str(entry.fallbacks),
-        )
-    out.print(table)
-
-
-def _accuracy(acc) -> None:
-    table = _table(title="accuracy (PTO vs baseline, same inputs, greedy)", title_justify="left")
-    table.add_column("check")
-    table.add_column("value", justify="right")
-    table.add_row("max |logit diff|, first step", f"{acc.max_abs_logit_diff:.4g}")
-    table.add_row("  relative to max |logit|", f"{acc.max_rel_logit_diff:.4g}")
-    table.add_row("  tolerance", f"atol {acc.atol:g} + rtol {acc.rtol:g} x max|logit|")
-    table.add_row("token match rate", f"{acc.token_match_rate * 100:.1f} %")
-    table.add_row("decoded texts equal", "yes" if acc.text_equal else "no")
-    table.add_row("logits within tolerance", "yes" if acc.logits_within_tolerance else "[red]no[/]")
-    out.print(table)
 
 
 def _bench_text(result) -> None:
@@ -512,7 +511,7 @@ def _bench_text(result) -> None:
     compilation_text(result.compile, result.compilation)
     _dynamic_source(result.dynamic_config_source)
     for run in result.runs:
-        _speed_line(f"batch {run.batch}", run.speed(), run.pto.ops)
+        _speed_line(f"batch {run.batch}", run.speed(), run.pto.ops, result.random_weights)
     for run in result.runs:
         out.print(f"  batch {run.batch}: switched on {', '.join(run.switched_on) or 'none'}")
         for row in run.dynamic_config or ():

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from rich.progress import BarColumn, Progress, TextColumn
 
-from pto_patch.cli.console import err, folding_table, out, print_json
+from pto_patch.cli.console import err, escape, folding_table, out, print_json
 
 
 @contextlib.contextmanager
@@ -42,9 +42,9 @@ def tune_result(result, *, as_json: bool) -> None:
         print_json(doc)
         return
     for warning in doc["warnings"]:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True, highlight=False)
     for failure in doc["failures"]:
-        err.print(f"[bold red]failed:[/] {failure}", markup=True, highlight=False)
+        err.print(f"[bold red]failed:[/] {escape(failure)}", markup=True, highlight=False)
     out.print(f"tune {doc['model_path']}")
     out.print(
         f"  device {doc['device']} ({doc['device_name']}), {doc['dtype']}, "

@@ -19,6 +19,8 @@ from typing import Any
 
 import typer.core
 
+from pto_patch.cli.spellings import list_first_spelling
+
 try:  # typer releases that coerce through pydantic
     from typer._coercion import RuntimeParam, build_runtime_param
     from typer._param_types import coerce_cli_path
@@ -78,7 +80,7 @@ def listing_help(command: Any) -> Any:
 
 class PlainValuesGroup(typer.core.TyperGroup):
     """A command group that, with its commands, coerces str, bool and Path options without pydantic,
-    and lists each command by its whole first sentence."""
+    lists each command by its whole first sentence and each option by its first spelling."""
 
     def parse_args(self, ctx, args):
         use_plain_values(self, ctx)
@@ -88,4 +90,5 @@ class PlainValuesGroup(typer.core.TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             use_plain_values(command, ctx)
+            list_first_spelling(command)
         return listing_help(command)

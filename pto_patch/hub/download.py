@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 from pto_patch import __version__
 from pto_patch.errors import DownloadError
 from pto_patch.hub import hub_errors
+from pto_patch.model import input_files
 from pto_patch.model.folder import DOWNLOAD_RECORD, read_download_record
 from pto_patch.model.spec import ModelSpec, load_spec
 from pto_patch.patching import folder_lock
@@ -181,27 +181,6 @@ def _refuse_patched(folder: Path) -> None:
 # --- completeness ---------------------------------------------------------------------------------
 
 
-def _safetensors_size_problem(path: Path) -> str | None:
-    """None if the file is as long as its own header says; else what is wrong."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                return "shorter than a safetensors header"
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > min(size, 100 * 1024 * 1024):
-                return "header length past the end of the file"
-            header = json.loads(handle.read(header_len))
-    except (OSError, ValueError) as exc:
-        return f"unreadable safetensors header ({exc})"
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-    expected = 8 + header_len + max(ends, default=0)
-    if expected != size:
-        return f"{size} bytes, its header describes {expected}"
-    return None
-
-
 def size_problems(folder: Path, sizes: dict[str, int | None]) -> list[str]:
     """Each listed file that is missing or whose size differs from the size the hub lists."""
     problems = []
@@ -219,7 +198,7 @@ def model_problems(folder: Path, spec: ModelSpec) -> list[str]:
     problems: list[str] = []
     config_path = folder / "config.json"
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = input_files.load_json(config_path)
     except FileNotFoundError:
         problems.append("config.json is missing")
     except (OSError, ValueError) as exc:
@@ -233,7 +212,7 @@ def model_problems(folder: Path, spec: ModelSpec) -> list[str]:
     index_path = folder / INDEX_FILE
     if index_path.is_file():
         try:
-            shards = set(json.loads(index_path.read_text(encoding="utf-8"))["weight_map"].values())
+            shards = set(input_files.load_json(index_path)["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             problems.append(f"{INDEX_FILE} is unreadable ({exc})")
     elif (folder / "model.safetensors").is_file():
@@ -244,8 +223,8 @@ def model_problems(folder: Path, spec: ModelSpec) -> list[str]:
         path = folder / shard
         if not path.is_file():
             problems.append(f"{shard} (named by {INDEX_FILE}) is missing")
-        elif problem := _safetensors_size_problem(path):
-            problems.append(f"{shard}: {problem}")
+        elif problem := input_files.safetensors_problem(path):
+            problems.append(problem)
 
     for alternatives in TOKENIZER_FILES:
         if not any((folder / name).is_file() for name in alternatives):

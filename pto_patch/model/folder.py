@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import ModelFolderError
-from pto_patch.model import hub_cache
+from pto_patch.errors import EXIT_USAGE, ModelFolderError
+from pto_patch.model import hub_cache, input_files
 from pto_patch.model.spec import ModelSpec
 
 DOWNLOAD_RECORD = ".pto_patch_download.json"  # what `download` recorded of the snapshot
@@ -49,7 +48,9 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
         )
     if config.exists() and not config.is_file():
         raise ModelFolderError(
-            f"{config} is not a file", "point --model-path at a model folder whose config.json is a file"
+            input_files.special_file_problem(config) or f"{config} is not a file",
+            "point --model-path at a model folder whose config.json is a file",
+            exit_code=EXIT_USAGE,
         )
     if not config.is_file() and hub_cache.is_cache_repo(folder):
         snapshots = hub_cache.snapshots_of(folder)
@@ -73,18 +74,24 @@ def resolve_model_folder(model_path: Path | str | None, spec: ModelSpec) -> Path
 def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
     path = Path(folder) / "config.json"
     try:
-        raw = path.read_bytes()
+        raw = input_files.read_bytes(path)
+    except input_files.UnreadableInput as exc:
+        raise ModelFolderError(
+            str(exc), "put the checkpoint's config.json back (`pto-patch download`)"
+        ) from exc
     except OSError as exc:
         raise ModelFolderError(f"cannot read {path}: {exc.strerror}", "check the file's permissions") from exc
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = input_files.parse_json(raw, str(path))
+    except input_files.UnreadableInput as exc:
         raise ModelFolderError(
-            f"{path} is not valid JSON ({exc})",
-            "download the model again with `pto-patch download`",
+            str(exc), "download the model again with `pto-patch download`", exit_code=EXIT_USAGE
         ) from exc
     if not isinstance(data, dict):
         raise ModelFolderError(f"{path} holds no JSON object", "download the model again")
+    problem = input_files.config_size_problem(data, str(path))
+    if problem:
+        raise ModelFolderError(problem, f"fix {path}, or download the model again", exit_code=EXIT_USAGE)
     if data.get("model_type") != spec.model_type:
         raise ModelFolderError(
             f"{path} says model_type {data.get('model_type')!r}, but model '{spec.name}' needs "
@@ -97,10 +104,38 @@ def read_model_config(folder: Path, spec: ModelSpec) -> ModelConfig:
 def read_download_record(folder: Path) -> dict[str, Any] | None:
     """What `download` recorded in the folder (repo id, commit, ...), or None if nothing readable is there."""
     try:
-        record = json.loads((Path(folder) / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
+        record = input_files.load_json(Path(folder) / DOWNLOAD_RECORD)
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def check_model_inputs(folder: Path) -> None:
+    """Every file of the folder a load reads, fit to be read (`input_files.model_folder_problem`)."""
+    problem = input_files.model_folder_problem(folder)
+    if problem:
+        raise ModelFolderError(
+            problem, "replace the file with the checkpoint's own (`pto-patch download`)", exit_code=EXIT_USAGE
+        )
+
+
+def check_folder_auto_map(folder: Path, spec: ModelSpec) -> None:
+    """Refuse a config.json whose auto_map reaches outside the folder (model/spec_data), before the load
+    imports the classes it names (`trust_remote_code`)."""
+    from pto_patch.model.spec_data import folder_auto_map_problem
+
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return  # the folder check says so
+    modules = [spec.modeling_file.removesuffix(".py"), spec.configuration_file.removesuffix(".py")]
+    problem = folder_auto_map_problem(input_files.load_json(path), modules)
+    if problem:
+        raise ModelFolderError(
+            f"{folder}: {problem}",
+            "the config.json apply writes names the folder's own modules only: "
+            f"run `pto-patch restore --model-path {folder}`, then apply again",
+            exit_code=EXIT_USAGE,
+        )
 
 
 def check_writable(folder: Path, command: str) -> None:

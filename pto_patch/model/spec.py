@@ -7,13 +7,13 @@ values come from (`sources`) and where public sources disagree (`disagreements`)
 
 from __future__ import annotations
 
-import json
 import keyword
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, SpecError
+from pto_patch.model import input_files
 from pto_patch.model.family import FAMILIES, Family, family
 from pto_patch.resources import templates_dir
 
@@ -115,6 +115,9 @@ class ModelSpec:
                 f"model spec {where} lacks {', '.join(missing)}",
                 "compare it with templates/specs/gutenocr_3b.json",
             )
+        from pto_patch.model.spec_data import check_spec_data  # only when a spec is read, not on --help
+
+        check_spec_data(data, where)  # types, names and paths: nothing reaches outside the folder
         # A spec file written before families existed names none: its model_type says which it is.
         architecture = family(str(data.get("family", data["model_type"])), where)
         if data["transformers_model_dir"] != architecture.name:
@@ -214,6 +217,9 @@ def known_specs() -> list[str]:
     return sorted(path.stem for path in specs_dir().glob("*.json"))
 
 
+MAX_SPEC_BYTES = 1024 * 1024  # a built-in spec is ~3 KB
+
+
 def _looks_like_path(name: str) -> bool:
     return name.endswith(".json") or "/" in name or "\\" in name
 
@@ -222,7 +228,7 @@ def _spec_for_hub_id(name: str) -> Path | None:
     """The built-in spec whose hub repo is `name` (`rootsautomation/GutenOCR-3B`), case aside."""
     for path in sorted(specs_dir().glob("*.json")):
         try:
-            repo_id = json.loads(path.read_text(encoding="utf-8")).get("hub_repo_id")
+            repo_id = input_files.load_json(path).get("hub_repo_id")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(repo_id, str) and repo_id.lower() == name.lower():
@@ -278,9 +284,9 @@ def load_spec(name: str) -> ModelSpec:
     """A built-in spec by name (`gutenocr_7b`), or a spec file by path (`./my_finetune.json`)."""
     path = spec_path(name)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"model spec {path} is not valid JSON: {exc}", "fix the spec file") from exc
+        data = input_files.load_json(path, max_bytes=MAX_SPEC_BYTES)
+    except input_files.UnreadableInput as exc:
+        raise SpecError(f"model spec: {exc}", "fix the spec file") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(
             f"cannot read model spec {path}: {exc}", "check the file and its permissions"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import ModelFolderError
+from pto_patch.model import input_files
 from pto_patch.model.folder import DOWNLOAD_RECORD  # noqa: F401 - a file of the folder the manifest names
 from pto_patch.patching.fileio import atomic_write_bytes, sha256_file
 
@@ -112,7 +113,7 @@ class Manifest:
         if path.is_symlink() or (path.exists() and not path.is_file()):
             raise _damaged(path, "it is not a plain file")
         try:
-            manifest = cls.from_json(json.loads(path.read_text(encoding="utf-8")))
+            manifest = cls.from_json(input_files.load_json(path))
         except FileNotFoundError as exc:
             raise ModelFolderError(
                 f"{folder} holds no pto-patch manifest", "run `pto-patch apply` first"

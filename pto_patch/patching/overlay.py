@@ -27,7 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
+from pto_patch.errors import EXIT_USAGE, DriftError, ModelFolderError, PtoPatchError
+from pto_patch.model import input_files
 from pto_patch.model.spec import ModelSpec
 from pto_patch.patching import folder_lock, undo
 from pto_patch.patching.fileio import (
@@ -72,6 +73,8 @@ def _hash_file(path: Path) -> str | None:
 
     try:
         digest = hashlib.sha256()
+        if input_files.special_file_problem(path):
+            return None  # a FIFO or a device is never opened: it would block or never end
         with open(path, "rb") as handle:  # read only: the source is never opened for writing
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
@@ -236,6 +239,7 @@ def apply_overlay(
 
     out = Path(out).expanduser().resolve()
     _check_folders(source, out)
+    _check_source_files(source)
     with folder_lock.shared(source):
         existing = _existing_overlay(out, source, chosen)
         if existing is not None:
@@ -282,6 +286,23 @@ def apply_overlay(
                     _remove_if_empty(out, record)
                 raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)
+
+
+def _check_source_files(source: Path) -> None:
+    """Every file of the source a regular file (or a link to one, or a folder): hashing a FIFO would wait
+    for a writer forever, and a device never ends."""
+    for root, subdirs, files in os.walk(source, followlinks=False):
+        here = Path(root)
+        if here == source and MANIFEST_DIR in subdirs:
+            subdirs.remove(MANIFEST_DIR)
+        for name in sorted(files):
+            problem = input_files.special_file_problem(here / name)
+            if problem:
+                raise ModelFolderError(
+                    f"the model folder holds {problem}",
+                    "remove it from the model folder (an overlay links or copies only regular files)",
+                    exit_code=EXIT_USAGE,
+                )
 
 
 def _created_before(out: Path) -> bool:
@@ -334,18 +355,6 @@ def _write_overlay(out: Path, spec: ModelSpec, ops, planned, info: dict, record:
 
 
 # --- restore ------------------------------------------------------------------------------------------
-
-
-def links_left(folder: Path, manifest: Manifest) -> list[str]:
-    """Links apply made that are still there (or were replaced by something else)."""
-    record = record_of(folder, manifest)
-    if record is None:
-        return []
-    return [
-        relative
-        for relative in record.links
-        if (folder / relative).is_symlink() or (folder / relative).exists()
-    ]
 
 
 def remove_created_folder(folder: Path, record: OverlayRecord | None) -> bool:

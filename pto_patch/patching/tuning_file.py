@@ -20,6 +20,7 @@ from pto_patch.patching.manifest import MANIFEST_DIR, Manifest, is_sha256, paren
 
 TUNING_NAME = "tuning.json"
 TUNING_PATH = f"{MANIFEST_DIR}/{TUNING_NAME}"  # relative to the model folder
+TUNING_FILE = "the tuning file"  # how messages name it (a run's write target, run/kept_results)
 MANIFEST_KEY = "tuning"  # Manifest.extra[MANIFEST_KEY] = {"path", "sha256"}
 
 SOURCE_TUNING = "tuning"
@@ -33,11 +34,14 @@ def tuning_path(folder: Path) -> Path:
     return Path(folder) / TUNING_PATH
 
 
+def tuning_bytes(document: dict[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def write_tuning(folder: Path, document: dict[str, Any]) -> Path:
     """Write the tuning atomically and record it in the manifest, which `restore` empties with the rest."""
     path = tuning_path(folder)
-    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, tuning_bytes(document))
     manifest = Manifest.load(folder)
     extra = dict(manifest.extra)
     extra[MANIFEST_KEY] = {"path": TUNING_PATH, "sha256": sha256_file(path)}

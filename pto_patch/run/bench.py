@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
+from pto_patch.run import progress
 from pto_patch.run.device import DeviceChoice, peak_memory_source, synchronize
 from pto_patch.run.generation import measure_modes
 from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
 from pto_patch.run.loading import versions
-from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.modes import BASELINE, PTO, KernelModes, modes_for
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import BatchRun, BenchResult, ModeRun
 from pto_patch.run.report_folder import run_reports_place
@@ -90,10 +91,9 @@ def run_bench(options: BenchOptions) -> BenchResult:
     )
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
-    spec, folder, device = loaded.spec, loaded.folder, loaded.device
+    folder, device = loaded.folder, loaded.device
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
-    kernels = loaded.kernels
     lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
     backends_used = []
     watch = CompileWatch(compiled) if compiled is not None else None
@@ -101,25 +101,10 @@ def run_bench(options: BenchOptions) -> BenchResult:
     runs = []
     for batch in batches:
         inputs = repeat_for_batch(single, batch, device)
-        switched_on, table = choose_ops(
-            plan.ops,
-            spec,
-            loaded.state,
-            batch,
-            options.use_dynamic_config,
-            tuning=lookup.tuning if lookup else None,
-        )
-        kernel_backend = backend_for(table, options.kernel_backend)
-        backends_used.append(describe_backend(kernel_backend))
-        kernels.disable()
-        kernels.reset_stats()
-        switches = {
-            "baseline": kernels.disable,
-            "pto": lambda ops=switched_on, backend=kernel_backend: set_switches(kernels, ops, backend),
-        }
-        if watch is not None:
-            switches = watch.wrap(switches)
-        try:
+        modes = KernelModes(loaded.kernels, modes_for(plan, loaded, batch, options, lookup), watch)
+        backends_used.append(describe_backend(modes.choice.backend))
+        progress.phase(f"batch {batch}: timed runs, baseline and PTO alternating")
+        with modes.timed() as switches:
             timed = measure_modes(
                 loaded,
                 inputs,
@@ -129,26 +114,21 @@ def run_bench(options: BenchOptions) -> BenchResult:
                 warmup=options.warmup,
                 iters=options.iters,
             )
-        finally:
-            stats = kernels.stats()
-            kernels.disable()
-        ops = op_reports(stats, switched_on, loaded.text_layers)
-        more_failures, more_warnings = op_failures(ops, strict=False)
-        failures += [f"batch {batch}: {message}" for message in more_failures]
-        warnings += [f"batch {batch}: {message}" for message in more_warnings]
+        ops = modes.batch_checks(batch, loaded.text_layers, failures, warnings)
         runs.append(
             BatchRun(
                 batch=batch,
-                baseline=ModeRun(timed["baseline"]),
-                pto=ModeRun(timed["pto"], ops),
-                switched_on=switched_on,
-                dynamic_config=table,
+                baseline=ModeRun(timed[BASELINE]),
+                pto=ModeRun(timed[PTO], ops),
+                switched_on=modes.choice.switched_on,
+                dynamic_config=modes.choice.table,
             )
         )
 
     compilation = finish_watch(watch, failures, warnings)
     weight_bytes = decode_weight_bytes(loaded.model)
     bandwidth = measure_copy_bandwidth(device)  # last, so its buffers never count in a mode's peak
+    failures += started.folder_changes()  # a restore or edit meanwhile fails the run
     result = BenchResult(
         model_path=str(folder),
         device=device.name,
@@ -157,6 +137,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         input=description,
         load_info=loaded.load_info,
         other_patchers=list(loaded.other_patchers),
+        random_weights=loaded.random_weights,
         weight_bytes_per_token=weight_bytes,
         copy_bandwidth_bytes_s=bandwidth,
         peak_memory_source=peak_memory_source(device),
@@ -170,6 +151,6 @@ def run_bench(options: BenchOptions) -> BenchResult:
         compilation=compilation,
     )
     directory = place.make()
-    for name, mode in ((BASELINE_FILE, "baseline"), (PTO_FILE, "pto")):
+    for name, mode in ((BASELINE_FILE, BASELINE), (PTO_FILE, PTO)):
         result.files.append(str(place.write(directory, name, result.mode_document(mode))))
     return result

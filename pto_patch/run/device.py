@@ -137,6 +137,16 @@ def synchronize(device: DeviceChoice) -> None:
         torch.npu.synchronize(device.name)
 
 
+def empty_cache(device: DeviceChoice) -> None:
+    """Hand the allocator's free blocks back (after a model is let go)."""
+    import torch
+
+    if device.kind == "cuda":
+        torch.cuda.empty_cache()
+    elif device.kind == "npu":
+        torch.npu.empty_cache()
+
+
 # --- peak memory ----------------------------------------------------------------------------------
 
 RSS_SOURCE = "process peak RSS (monotonic over the process: a later mode's figure includes earlier ones)"

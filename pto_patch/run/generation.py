@@ -56,6 +56,11 @@ class _StepClock:
         pass
 
 
+def eos_ids(tokenizer, model) -> list[int] | None:
+    """The ids that end a sequence, as generate() is told them."""
+    return _token_ids(tokenizer, model)[0]
+
+
 def _token_ids(tokenizer, model) -> tuple[list[int] | None, int | None]:
     config = getattr(model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None) if config is not None else None
@@ -68,13 +73,17 @@ def _token_ids(tokenizer, model) -> tuple[list[int] | None, int | None]:
     return eos_list, pad
 
 
-def generate(loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool, logits: bool) -> Generation:
+def generate(
+    loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool, logits: bool, processor=None
+) -> Generation:
     """Greedy generation; `fixed_length` suppresses end-of-sequence so every timed run is as long.
+    `processor`: a logits processor that sees each step's scores last (`run.judging`: the reference's
+    recorder, or a judged run's teacher forcing).
 
     In a graph run (`graph_decode`) it generates with the run's static cache; transformers' own
     compile-on-generate stays off, so what is compiled is what `apply_compile` compiled."""
     import torch
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
 
     eos, pad = _token_ids(loaded.tokenizer, loaded.model)
     config = GenerationConfig(
@@ -97,7 +106,13 @@ def generate(loaded: LoadedModel, inputs, new_tokens: int, *, fixed_length: bool
         synchronize(loaded.device)
         started = time.perf_counter()
         with torch.no_grad():  # as generate itself does; inference_mode would be stricter than users' runs
-            out = loaded.model.generate(**inputs, **extra, generation_config=config, streamer=clock)
+            out = loaded.model.generate(
+                **inputs,
+                **extra,
+                generation_config=config,
+                streamer=clock,
+                **({"logits_processor": LogitsProcessorList([processor])} if processor is not None else {}),
+            )
         synchronize(loaded.device)
         seconds = time.perf_counter() - started
     first = out.logits[0].float().cpu() if logits and out.logits else None

@@ -83,6 +83,10 @@ def fix_rope_layers(model, config) -> list[str]:
     return [f"{fixed} attention layer(s) given rope_scaling.mrope_section = {section}"] if fixed else []
 
 
+# make-tiny's tokenizer has a few hundred tokens; every trained Qwen2.5-VL checkpoint has 151,000+.
+RANDOM_VOCABULARY_BELOW = 1000
+
+
 @dataclass
 class LoadedModel:
     spec: ModelSpec
@@ -97,6 +101,11 @@ class LoadedModel:
     state: FolderState
     kernels: Any = None  # the folder's pto_kernels module when --use_pto
     other_patchers: list[OtherPatcher] = field(default_factory=list)
+
+    @property
+    def random_weights(self) -> bool:
+        """A make-tiny model's random weights: its timing holds for its widths only, its text means nothing."""
+        return len(self.tokenizer) < RANDOM_VOCABULARY_BELOW
 
     @property
     def text_layers(self) -> int | None:

@@ -12,6 +12,7 @@ from pto_patch.run.graph import graph_decode
 from pto_patch.run.graph.acl_graph import check_settings
 from pto_patch.run.graph.graph_decode import CACHE_KINDS
 from pto_patch.run.hub_kernels import check_hub_kernels
+from pto_patch.run.limits import check_compile_values, check_tolerances
 from pto_patch.run.ops import KERNEL_BACKENDS
 
 
@@ -88,6 +89,7 @@ def check_option_values(options: RunOptions, batch: int) -> None:
     """Reject bad option values (usage errors) before any folder, device or model is touched (`--ops`,
     which needs the spec, is read with it: run.start.plan_run)."""
     check_counts(options.warmup, options.iters, batch, options.output_length)
+    check_tolerances(options)  # finite: a NaN passes nothing and is no JSON (run/limits)
     dtype_key(options.dtype)
     if options.kernel_backend is not None and options.kernel_backend not in KERNEL_BACKENDS:
         raise PtoPatchError(
@@ -101,6 +103,7 @@ def check_option_values(options: RunOptions, batch: int) -> None:
             f"choose from: {', '.join(CACHE_KINDS)}",
             exit_code=EXIT_USAGE,
         )
+    check_compile_values(options)  # --mode known, --mode and --cache static only on compiled runs
     if options.use_compile or options.use_acl_graph:
         check_compile_backend(options.compile_backend)
         from pto_patch.run.graph.compiling import cache_kind

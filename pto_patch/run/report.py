@@ -74,11 +74,12 @@ def report_bytes(document: dict[str, Any]) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
 
 
-def write_report(document: dict[str, Any], path: Path, flag: str = "--report-file") -> None:
-    """The JSON report, in one rename (run/user_files): never half a file, never through a device node."""
+def write_report(document: dict[str, Any], path: Path, flag: str = "--report-file") -> bool:
+    """The JSON report, in one rename (run/user_files): never half a file, never through a device node.
+    False where the write failed and the report was kept in pto-patch's cache instead (run/kept_results)."""
     from pto_patch.run.user_files import write_user_file
 
-    write_user_file(Path(path), report_bytes(document), flag)
+    return write_user_file(Path(path), report_bytes(document), flag)
 
 
 def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
@@ -178,14 +179,19 @@ class Accuracy:
     atol: float
     rtol: float
     logits_within_tolerance: bool
-    baseline_text: str
-    pto_text: str
+    baseline_text: str  # the mode's baseline's own greedy choices, fed the reference's tokens
+    pto_text: str  # the PTO run's own greedy choices, fed the reference's tokens
+    reference_text: str = ""  # what the unpatched eager model generated
+    worst_step: int | None = None  # the PTO run's worst step (0: the prefill's)
+    steps_judged: int = 0  # steps x sequences of the PTO run judged against the reference
+    first_choice_divergence: int | None = None  # the first step whose greedy choice is not the reference's
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         for key in ("max_abs_logit_diff", "max_rel_logit_diff", "token_match_rate"):
             value = data[key]
-            data[key] = value if value != value else round(value, 8)  # keep NaN visible
+            # JSON has no NaN or infinity: a non-finite difference is said as a string
+            data[key] = "nan" if value != value else ("inf" if value == float("inf") else round(value, 8))
         return data
 
 
@@ -263,6 +269,11 @@ class VerifyReport(Verdict):
     options: dict[str, Any] = field(default_factory=dict)
     report_file: str | None = None
     other_patchers: list[OtherPatcher] = field(default_factory=list)
+    mode: str | None = None  # the mode both compared runs ran in: eager, torch.compile, graph decode ...
+    rule: str | None = None  # the verdict's rule, in words
+    reference: dict[str, Any] | None = None  # the unpatched eager run every compared run is judged against
+    judged: dict[str, Any] = field(default_factory=dict)  # run -> judging.RunJudgement
+    random_weights: bool = False  # a make-tiny model: its timing is indicative of its widths only
 
     @property
     def compared(self) -> bool:
@@ -311,6 +322,11 @@ class VerifyReport(Verdict):
             "ratios": {key: (None if v is None else round(v, 4)) for key, v in self.ratios().items()},
             "speed": None if self.pto is None else self.speed().to_json(),
             "accuracy": None if self.accuracy is None else self.accuracy.to_json(),
+            "mode": self.mode,
+            "rule": self.rule,
+            "reference": self.reference,
+            "judged": {run: judgement.to_json() for run, judgement in self.judged.items()},
+            "random_weights": self.random_weights,
             "patched_ops": list(self.patched_ops),
             "switched_on": list(self.switched_on),
             "kernel_backend": self.kernel_backend,
@@ -388,6 +404,7 @@ class BenchResult(Verdict):
     dynamic_config_source: dict[str, Any] | None = None  # with --use_dynamic_config: tuning or table, why
     options: dict[str, Any] = field(default_factory=dict)
     other_patchers: list[OtherPatcher] = field(default_factory=list)
+    random_weights: bool = False  # a make-tiny model: its timing is indicative of its widths only
     compile: str | None = None
     compilation: Compilation | None = None
 
@@ -405,6 +422,7 @@ class BenchResult(Verdict):
             "input": dict(self.input),
             "load_info": self.load_info.to_json(),
             "other_patchers": [patcher.to_json() for patcher in self.other_patchers],
+            "random_weights": self.random_weights,
             "bandwidth": {
                 "weight_bytes_per_token": self.weight_bytes_per_token,
                 "copy_bandwidth_gb_s": round(self.copy_bandwidth_bytes_s / 1e9, 3),

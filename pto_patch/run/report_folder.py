@@ -23,6 +23,7 @@ from pathlib import Path
 from pto_patch.errors import EXIT_USAGE, PtoPatchError, UsageError
 from pto_patch.model.hub_cache import cache_holding
 from pto_patch.patching.rewrite_cache import cache_dir
+from pto_patch.run.user_files import outside_model_folder
 
 REPORTS = "reports"
 
@@ -51,10 +52,11 @@ def check_writable_place(path: Path, what: str, hint: str) -> None:
     if not existing.is_dir():
         where = "is a file" if existing == path else f"lies under the file {existing}"
         raise UsageError(f"{what} {path} {where}, not a folder", hint)
-    from pto_patch.run.user_files import can_write_in
+    from pto_patch.run.kept_results import room_problem
 
-    if not can_write_in(existing):
-        raise UsageError(f"{what} {path}: cannot write in {existing}", hint)
+    problem = room_problem(existing)
+    if problem is not None:
+        raise UsageError(f"{what} {path}: {problem}", hint)
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,10 @@ class ReportPlace:
                 chosen.mkdir(parents=True)
             except FileExistsError:
                 continue
-            except OSError as exc:
-                raise PtoPatchError(
-                    f"cannot make the report folder {chosen}: {exc.strerror}",
-                    f"pass {self.option} with a writable folder",
-                ) from exc
+            except OSError as exc:  # after the work: the reports go to pto-patch's cache instead
+                from pto_patch.run.kept_results import keep_folder
+
+                return keep_folder(self.option, chosen, exc) or chosen
             return chosen
         raise PtoPatchError(f"{self.path}: too many report folders of this name", "pass --output-dir")
 
@@ -98,6 +99,7 @@ def run_reports_place(
     Chosen and checked before anything loads (see the module docstring); made when they are written."""
     if requested is not None:
         requested = Path(requested)
+        outside_model_folder(requested, option, model_folder)
         check_report_place(requested, option)
         check_writable_place(requested, option, f"pass a writable folder for {option}")
         taken = [name for name in files if (requested / name).exists() or (requested / name).is_symlink()]

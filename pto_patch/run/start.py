@@ -19,14 +19,17 @@ from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.model.spec import OPS, ModelSpec, OpsAsked, load_spec
 from pto_patch.patching import folder_lock
 from pto_patch.patching.patch_state import patch_state
-from pto_patch.run import loading
+from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
+from pto_patch.run.folder_watch import FolderState
 from pto_patch.run.inputs import check_image
+from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.ops import choose_ops
 from pto_patch.run.options import RunOptions, check_option_values
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
 from pto_patch.run.report_folder import check_report_place
+from pto_patch.run.user_files import check_target
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class RunPlan:
 def plan_run(options: RunOptions, *, batch: int, use_pto: bool, report_file: Path | None = None) -> RunPlan:
     """Usage errors first (every option value, --image), the device, the report's place; then the spec,
     `--ops` read once, the folder's name and the ops it must hold. Nothing loads."""
-    from pto_patch.model.folder import resolve_model_folder
+    from pto_patch.model.folder import check_folder_auto_map, check_model_inputs, resolve_model_folder
 
     check_option_values(options, batch)
     if options.image is not None:
@@ -56,6 +59,13 @@ def plan_run(options: RunOptions, *, batch: int, use_pto: bool, report_file: Pat
     spec = load_spec(options.model)
     asked = OpsAsked.read(options.ops, spec)
     folder = resolve_model_folder(options.model_path, spec)
+    if report_file is not None:
+        inputs = {"--model": spec.source_path, "--image": options.image}
+        check_target(Path(report_file), "--report-file", inputs, model_folder=folder)
+    with folder_lock.shared(folder):  # a writer at work: stop at once, never read its half-written files
+        check_model_inputs(folder)
+        check_folder_auto_map(folder, spec)  # nothing imported from outside it, nothing fetched
+        check_output_length(options.output_length, folder)  # within max_position_embeddings
     if use_pto:
         check_ops_patched(asked, folder)
     return RunPlan(options, spec, folder, batch, use_pto, asked, device)
@@ -92,6 +102,11 @@ class StartedRun:
     loaded: LoadedModel
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    folder_state: FolderState | None = None  # the folder as loaded (run/folder_watch)
+
+    def folder_changes(self) -> list[str]:
+        """A failure naming what changed in the folder since it loaded (a restore, an edit), or none."""
+        return self.folder_state.changes() if self.folder_state is not None else []
 
 
 def start_run(plan: RunPlan) -> StartedRun:
@@ -99,6 +114,7 @@ def start_run(plan: RunPlan) -> StartedRun:
     it), under a shared lock: no apply or restore may change the files while they are checked and loaded."""
     options = plan.options
     with folder_lock.shared(plan.folder):
+        progress.phase("loading the patched model")
         loaded = loading.load_model(
             plan.spec,
             plan.folder,
@@ -108,6 +124,7 @@ def start_run(plan: RunPlan) -> StartedRun:
             allow_modified=options.allow_modified,
             hub_kernels=options.hub_kernels,
         )
+        state = FolderState.now(plan.folder)  # what was loaded, compared when the work is done
     warnings: list[str] = []
     if loaded.state.modified_files:
         warnings.append(
@@ -126,4 +143,4 @@ def start_run(plan: RunPlan) -> StartedRun:
         choose_ops(plan.ops, plan.spec, loaded.state, plan.batch, False)[0] if plan.use_pto else ()
     )
     more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, may_switch_on)
-    return StartedRun(loaded, failures + more_failures, warnings + more_warnings)
+    return StartedRun(loaded, failures + more_failures, warnings + more_warnings, state)

@@ -6,9 +6,14 @@ Checked before anything loads, each a usage error (exit 2) in one line:
 - the target is also one of the run's inputs (`--save-outputs F --against-outputs F` would read the trusted
   answers, then replace them with this run's);
 - the target is inside a Hugging Face cache (other snapshots and users share it);
-- the first folder that exists on the way to it cannot be written in.
+- the target lies in the model folder the run reads (`outside_model_folder`: every file there is an input
+  of the run, a weight shard as much as a config; pto-patch's own state there is written by its own code,
+  never through an option);
+- the first folder that exists on the way to it cannot be written in, or has too little room
+  (run/kept_results.room_problem: real bytes written, a free-space margin).
 Written at the end through a temporary file in the same folder and one rename, so a killed or failed run
-leaves the old file or the new one, never half of one; the node check is made again just before.
+leaves the old file or the new one, never half of one; the node check is made again just before. A write
+that still fails there keeps its bytes in pto-patch's cache (run/kept_results), never drops them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import stat
 from pathlib import Path
 
 from pto_patch.errors import PtoPatchError, UsageError
+from pto_patch.run.kept_results import KeptWrite, room_problem, written_or_kept
 
 
 def _node_kind(path: Path) -> str | None:
@@ -41,20 +47,6 @@ def _node_kind(path: Path) -> str | None:
     return "not a regular file"
 
 
-def can_write_in(folder: Path) -> bool:
-    """Whether a file can be made in `folder` now: tried, not guessed from the mode bits (root passes
-    those, a read-only mount or a full quota does not)."""
-    import tempfile
-
-    try:
-        fd, name = tempfile.mkstemp(prefix=".pto-patch-probe-", dir=folder)
-    except OSError:
-        return False
-    os.close(fd)
-    Path(name).unlink(missing_ok=True)
-    return True
-
-
 def same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file (through links and `..`)."""
     try:
@@ -63,9 +55,28 @@ def same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = None) -> None:
+def outside_model_folder(path: Path, flag: str, model_folder: Path | None) -> None:
+    """Refuse a write target (a file or a folder) that is, or lies in, the model folder a run reads; links
+    and `..` are followed, so no name of the folder gets through."""
+    if model_folder is None:
+        return
+    try:
+        target, folder = Path(path).resolve(), Path(model_folder).resolve()
+    except (OSError, RuntimeError):
+        return
+    if target == folder or target.is_relative_to(folder):
+        raise UsageError(
+            f"{flag} {path} lies in the model folder {folder}, whose files this run reads",
+            f"write {flag} outside the model folder",
+        )
+
+
+def check_target(
+    path: Path, flag: str, inputs: dict[str, Path | None] | None = None, model_folder: Path | None = None
+) -> None:
     """Refuse, before the run, a file the user named that the run could not or must not write."""
     path = Path(path)
+    outside_model_folder(path, flag, model_folder)
     kind = _node_kind(path)
     if kind is not None:
         raise UsageError(
@@ -85,15 +96,26 @@ def check_target(path: Path, flag: str, inputs: dict[str, Path | None] | None = 
             f"{flag} {path} is inside the Hugging Face cache ({holder})",
             f"pass {flag} with a path outside it",
         )
-    parent = path.parent
+    check_room(path, flag)
+
+
+def check_room(path: Path, flag: str) -> None:
+    """Refuse a file whose place (the first folder that exists on the way to it) cannot be written in or
+    has too little room (run/kept_results.room_problem), before the run."""
+    parent = Path(path).parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent  # the first folder that exists: the missing ones are created in it
-    if not parent.is_dir() or not can_write_in(parent):
+    if not parent.is_dir():
         raise UsageError(f"{flag} {path}: cannot write in {parent}", f"pick a writable path for {flag}")
+    problem = room_problem(parent)
+    if problem is not None:
+        raise UsageError(f"{flag} {path}: {problem}", f"pick a path with room for {flag}")
 
 
-def write_user_file(path: Path, data: bytes, flag: str) -> None:
-    """`data` to `path` in one rename (see the module docstring); an OSError is one line naming `flag`."""
+def write_user_file(path: Path, data: bytes, flag: str) -> bool:
+    """`data` to `path` in one rename (see the module docstring): True. Where the write fails (a full disk,
+    `ulimit -f`), `path` is left as it was and the bytes are kept in pto-patch's cache (run/kept_results,
+    named by the CLI after the verdict): False."""
     from pto_patch.patching.fileio import atomic_write_bytes
 
     path = Path(path)
@@ -102,28 +124,26 @@ def write_user_file(path: Path, data: bytes, flag: str) -> None:
         raise PtoPatchError(
             f"{flag} {path} became {kind} during the run; nothing written", f"pass another {flag}"
         )
-    try:
+
+    def write() -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data, mode=0o644)
-    except OSError as exc:
-        raise PtoPatchError(
-            f"cannot write {flag} {path}: {exc.strerror or exc}", f"pick a writable path for {flag}"
-        ) from exc
+        return True
+
+    return written_or_kept(flag, path, data, write) is True
 
 
 def write_new_user_file(path: Path, data: bytes, flag: str) -> Path:
     """`data` as a new file at `path`, or at `NAME-2.json`, `NAME-3.json`... where another run took the
-    name meanwhile (patching.fileio.create_new_bytes: never replaces a file). Returns where it went; an
-    OSError is one line naming `flag`."""
+    name meanwhile (patching.fileio.create_new_bytes: never replaces a file). Returns where it went: where
+    the write fails, the file in pto-patch's cache that keeps the bytes (run/kept_results), or `path`
+    itself where even that failed (the record says so)."""
     from pto_patch.patching.fileio import create_new_bytes
 
     path = Path(path)
-    try:
-        chosen = create_new_bytes(path, data, mode=0o644)
-    except OSError as exc:
-        raise PtoPatchError(
-            f"cannot write {flag} {path}: {exc.strerror or exc}", f"pick a writable path for {flag}"
-        ) from exc
+    chosen = written_or_kept(flag, path, data, lambda: create_new_bytes(path, data, mode=0o644))
+    if isinstance(chosen, KeptWrite):
+        return Path(chosen.kept) if chosen.kept else path
     if chosen is None:
         raise PtoPatchError(f"{flag}: every name like {path.name} is taken", f"pass another {flag}")
     return chosen

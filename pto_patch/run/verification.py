@@ -1,29 +1,35 @@
-"""A verify run: load the patched folder once, run it with the kernels off and on, compare.
+"""A verify run: the unpatched model eagerly as the truth, then the patched folder in the asked mode
+with its kernels off and on, every generated step of both judged against the truth.
 
 The run mirrors the reference system's run script (warm-up, timed runs, a JSON report), and adds
 what it lacked: the patched code must be exactly what `apply` wrote, every checkpoint key must load
-(a random-weight model never passes), each switched-on op must actually run, and the PTO run must
-compute what the baseline computes within the dtype's tolerance. `pto-patch verify` and
-`pto-patch demo` both run it.
+(a random-weight model never passes), each switched-on op must actually run, and neither the mode's
+baseline (a compiler or capture fault) nor its PTO run (a kernel fault) may compute, at any step,
+something other than the unpatched eager model within the dtype's tolerance (`run.judging`).
+`pto-patch verify` and `pto-patch demo` both run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.folder_kernels import module_dir
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
+from pto_patch.run import progress
 from pto_patch.run.device import peak_memory_source
-from pto_patch.run.generation import compare, generate, measure_modes, tolerances
+from pto_patch.run.generation import generate, measure_modes, tolerances
 from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
+from pto_patch.run.judging import TRACE_TOP_K, RunJudgement
 from pto_patch.run.loading import versions
-from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.modes import BASELINE, PTO, JudgedCase, KernelModes, OpChoice, judge_cases, modes_for
+from pto_patch.run.ops import backend_for
 from pto_patch.run.options import RunOptions
 from pto_patch.run.options import compares as options_compares
-from pto_patch.run.report import VerifyReport
+from pto_patch.run.reference import open_reference
+from pto_patch.run.report import Accuracy, VerifyReport
 from pto_patch.run.start import plan_run, start_run
 
 
@@ -43,14 +49,45 @@ def compares(options: VerifyOptions) -> bool:
     return options_compares(options.use_pto, options.baseline_only)
 
 
+def run_label(compiled) -> str:
+    """The mode a run's two runs share, in words: eager, torch.compile, graph decode or ACL graph."""
+    if compiled is None:
+        return "eager"
+    if compiled.backend == "torchair":
+        return "ACL graph"
+    if compiled.graph_run:
+        return f"graph decode ({compiled.backend})"
+    return f"torch.compile ({compiled.backend})"
+
+
+VERDICT_RULE = (
+    "every generated step of both runs (the mode with its kernels off, and with them on) is judged against "
+    "the unpatched model run eagerly on the same inputs, teacher-forced on its tokens: a step passes when its "
+    "largest score difference over the reference's top {k} scores (and any score that rises above them) is at "
+    "most atol + rtol x max|reference score|"
+)
+
+
 def verify_model(options: VerifyOptions) -> VerifyReport:
-    """Baseline, then PTO on the same inputs (unless --baseline-only), then both timed; every check in
-    the report."""
+    """The unpatched model eagerly (the reference), then the patched one in the asked mode with its kernels
+    off and on, each judged at every step against the reference; then both modes timed."""
     use_pto = compares(options)
     plan = plan_run(options, batch=options.batch, use_pto=use_pto, report_file=options.report_file)
+    reference_run = reference_info = None
+    single = description = None
+    if use_pto:
+        with open_reference(plan) as reference:
+            single, description = encode_prompt(
+                reference, options.prompt, options.image, options.simple_prompt
+            )
+            progress.phase("the reference generates")
+            reference_run = reference.generate(
+                repeat_for_batch(single, options.batch, plan.device), options.output_length
+            )
+            reference_info = reference.describe()
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
-    spec, folder, device = loaded.spec, loaded.folder, loaded.device
+    folder, device = loaded.folder, loaded.device
     atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
     if not use_pto:
         ignored = [
@@ -68,59 +105,43 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
                 f"{', '.join(ignored)} only matter without --baseline-only; ran the baseline only"
             )
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
-    inputs, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
-    inputs = repeat_for_batch(inputs, options.batch, device)
+    if single is None:
+        single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
+    inputs = repeat_for_batch(single, options.batch, device)
 
-    switched_on: tuple[str, ...] = ()
-    table = lookup = None
-    if use_pto:
-        if options.use_dynamic_config:
-            lookup = lookup_for_run(loaded, warnings, compiled)
-        switched_on, table = choose_ops(
-            plan.ops,
-            spec,
-            loaded.state,
-            options.batch,
-            options.use_dynamic_config,
-            tuning=lookup.tuning if lookup else None,
-        )
-    kernel_backend = backend_for(table, options.kernel_backend)
-
-    # The accuracy runs: switches off, then on, on the same inputs; then the timed runs of both modes.
-    kernels = loaded.kernels
-    switches: dict[str, Callable[[], None]] = {"baseline": kernels.disable if kernels else lambda: None}
-    if use_pto:
-        switches["pto"] = lambda: set_switches(kernels, switched_on, kernel_backend)
+    lookup = None
+    if use_pto and options.use_dynamic_config:
+        lookup = lookup_for_run(loaded, warnings, compiled)
+    choice = (
+        modes_for(plan, loaded, options.batch, options, lookup)
+        if use_pto
+        else OpChoice((), None, backend_for(None, options.kernel_backend), options.kernel_backend)
+    )
+    switched_on, table, kernel_backend = choice.switched_on, choice.table, choice.backend
     watch = CompileWatch(compiled) if compiled is not None else None
-    if watch is not None:
-        switches = watch.wrap(switches)
-    switches["baseline"]()
-    if kernels is not None:
-        kernels.reset_stats()
-    base_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
-    if kernels is not None:
-        stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
-        if stray:
-            failures.append(f"kernels ran with every switch off: {stray}")
-    pto_run, stats = None, {}
-    try:
-        if use_pto:
-            switches["pto"]()
-            pto_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=True)
+    modes = KernelModes(loaded.kernels, choice, watch)
+    label = run_label(compiled)
+
+    judgements: dict[str, RunJudgement] = {}
+    base_run = None
+    if use_pto:
+        judged = judge_cases(loaded, [JudgedCase(inputs, reference_run)], modes, atol, rtol, failures, label)
+        judgements = {run: runs[0] for run, runs in judged.items()}
+    else:
+        with modes.baseline(failures):
+            base_run = generate(loaded, inputs, options.output_length, fixed_length=False, logits=False)
+    progress.phase(f"timed runs ({options.warmup} warm-up, {options.iters} timed a mode)")
+    with modes.pto() if use_pto else nullcontext():  # the PTO counters include the timed runs'
         timed = measure_modes(
             loaded,
             inputs,
-            switches,
+            modes.switches,
             batch=options.batch,
             new_tokens=options.output_length,
             warmup=options.warmup,
             iters=options.iters,
         )
-    finally:
-        if kernels is not None:
-            stats = kernels.stats()  # only the PTO runs count: the switches are off for the baseline
-            kernels.disable()
-    baseline = timed["baseline"]
+    baseline = timed[BASELINE]
 
     report = VerifyReport(
         model_path=str(folder),
@@ -146,20 +167,19 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         peak_memory_source=peak_memory_source(device),
         options=options.to_json(),
         other_patchers=list(loaded.other_patchers),
+        random_weights=loaded.random_weights,
     )
 
     if use_pto:
-        report.pto = timed["pto"]
-        report.ops = op_reports(stats, switched_on, loaded.text_layers)
-        more_failures, more_warnings = op_failures(report.ops, options.strict)
+        report.pto = timed[PTO]
+        report.ops, more_failures, more_warnings = modes.op_checks(options.strict, loaded.text_layers)
         report.failures += more_failures
         report.warnings += more_warnings
-        report.accuracy = compare(base_run, pto_run, loaded.tokenizer, atol, rtol)
-        if not report.accuracy.logits_within_tolerance:
-            report.failures.append(
-                f"first-step logits differ by {report.accuracy.max_abs_logit_diff:.4g} "
-                f"(> atol {atol:g} + rtol {rtol:g} x max|logit|)"
-            )
+        report.mode = label
+        report.rule = VERDICT_RULE.format(k=TRACE_TOP_K)
+        report.reference = {**reference_info, "text": reference_run.texts[0] if reference_run.texts else ""}
+        report.judged = judgements
+        report.accuracy = accuracy_of(judgements, reference_run, loaded.tokenizer)
         if not switched_on:
             report.warnings.append("no op was switched on, so the PTO run equals the baseline")
     else:
@@ -167,5 +187,37 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
         report.input["baseline_text"] = text
     # Nothing compiles after the timed runs: the watch closes here, its verdict after the other checks'.
     report.compilation = finish_watch(watch, report.failures, report.warnings)
+    report.failures += started.folder_changes()  # a restore or edit meanwhile fails the run
 
     return report
+
+
+def accuracy_of(judgements: dict[str, RunJudgement], reference, tokenizer) -> Accuracy:
+    """The PTO run's judgement in the accuracy record's fields (its texts: each run's own greedy choices)."""
+    pto, base = judgements[PTO], judgements[BASELINE]
+
+    def text(judgement: RunJudgement) -> str:
+        if judgement.choices is None:
+            return ""
+        return tokenizer.batch_decode(judgement.choices, skip_special_tokens=True)[0]
+
+    reference_text = reference.texts[0] if reference.texts else ""
+    scale = pto.worst_scale
+    return Accuracy(
+        max_abs_logit_diff=pto.worst_diff,
+        max_rel_logit_diff=pto.worst_diff / scale
+        if scale > 0
+        else (0.0 if pto.worst_diff == 0 else float("inf")),
+        token_match_rate=pto.choice_match_rate,
+        text_equal=text(pto) == reference_text,
+        passed=pto.passed and base.passed,
+        atol=pto.atol,
+        rtol=pto.rtol,
+        logits_within_tolerance=pto.passed,
+        baseline_text=text(base),
+        pto_text=text(pto),
+        reference_text=reference_text,
+        worst_step=pto.worst_step,
+        steps_judged=pto.steps_judged,
+        first_choice_divergence=pto.first_choice_divergence,
+    )

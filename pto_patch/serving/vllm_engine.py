@@ -3,7 +3,7 @@
 `pto-patch verify --engine vllm` (pto_patch.serving.vllm_verify) starts this twice, without and with the plugin's
 ops switched on in the environment it hands over ($PTO_KERNELS_VLLM_OPS): vLLM registers layer classes
 once per process and for good, so the two modes cannot share one. REQUEST is a JSON file (the fields of
-`EngineRequest`); OUT receives the run's JSON: greedy token ids, timings, and, from every worker process
+`EngineRequest`); OUT receives the run's JSON: greedy token ids (and, when asked, each step's top logprobs), timings, and, from every worker process
 (`LLM.collective_rpc`), which pto_kernels it imported, the calls per op and which layers ran them.
 """
 
@@ -33,6 +33,7 @@ class EngineRequest:
     max_model_len: int = 512
     device: str | None = None  # what verify's --device asked for; vLLM's platform decides
     timed_batches: tuple[int, ...] = ()  # also time these batch sizes (benchmarks/bench_vllm.py)
+    logprobs: int = 0  # the untimed run hands back each step's top logprobs (verify's judgement)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,8 +125,14 @@ def run(request: EngineRequest) -> dict[str, Any]:
     load_s = time.perf_counter() - started - import_s
     prompts = _prompts(llm, request)
     params = SamplingParams(temperature=0.0, max_tokens=request.output_length, ignore_eos=True)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    judged = SamplingParams(
+        temperature=0.0, max_tokens=request.output_length, ignore_eos=True, logprobs=request.logprobs or None
+    )
+    outputs = llm.generate(prompts, judged, use_tqdm=False)
     token_ids = [list(output.outputs[0].token_ids) for output in outputs]
+    logprobs = (
+        [_step_logprobs(output.outputs[0].logprobs) for output in outputs] if request.logprobs else None
+    )
     texts = [output.outputs[0].text for output in outputs]
     prompt_tokens = len(outputs[0].prompt_token_ids or [])
     timed = _timed(llm, prompts, params, request)
@@ -141,6 +148,8 @@ def run(request: EngineRequest) -> dict[str, Any]:
         "token_ids": token_ids,
         "texts": texts,
         "prompt_tokens": prompt_tokens,
+        "prompt_token_ids": list(outputs[0].prompt_token_ids or []),
+        "logprobs": logprobs,
         "import_s": round(import_s, 3),
         "load_s": round(load_s, 3),
         "latency_s": latency,
@@ -150,6 +159,13 @@ def run(request: EngineRequest) -> dict[str, Any]:
         "by_batch": by_batch,
         "vllm_version": _version("vllm"),
     }
+
+
+def _step_logprobs(steps) -> list[list[list[float]]]:
+    """Per step, [token id, logprob] of the top ones vLLM handed back (the chosen token among them)."""
+    return [
+        [[int(token), float(entry.logprob)] for token, entry in (step or {}).items()] for step in steps or []
+    ]
 
 
 def _timed(llm, prompts, params, request: EngineRequest) -> dict[str, Any]:

@@ -1,10 +1,16 @@
-"""`pto-patch verify --engine vllm`: the model through vLLM twice, without and with the plugin's ops.
+"""`pto-patch verify --engine vllm`: the model through vLLM twice, without and with the plugin's ops, each
+judged against the unpatched model run eagerly by transformers (never vLLM against vLLM).
 
 vLLM loads the checkpoint and builds its own layers; the plugin (pto_patch.serving.vllm_plugin) swaps them for
 classes that call pto_kernels when $PTO_KERNELS_VLLM_OPS says so. Each mode runs in a process of its own
-(`pto_patch.serving.vllm_engine`), because vLLM registers layer classes once per process and for good. The
-report gives token agreement, the calls of each op in vLLM's worker process(es), the backend and the
-timings; it fails (exit 3) when tokens differ, a switched-on op never ran, or kernels ran in the baseline.
+(`pto_patch.serving.vllm_engine`), because vLLM registers layer classes once per process and for good, and
+hands back its greedy tokens and each step's top logprobs. Then this process loads the same folder with
+transformers (eager attention, no kernel package, no compile: `run.reference`) on vLLM's device, on vLLM's
+prompt tokens, and each vLLM run is judged against that reference step by step
+(`run.judging.judge_free_run`: logprobs within a stated bound while the tokens agree, a near tie at the first
+divergence). A baseline that differs fails naming vLLM; a PTO run that differs names the kernels (exit 3).
+The report also gives the calls of each op in vLLM's worker process(es), the backend and the timings; it
+fails when a switched-on op never ran or kernels ran in the baseline.
 
 The folder must be the original checkpoint (or a restored one): a patched folder is refused, since vLLM
 would never run its patched code and a run over it would prove nothing.
@@ -27,6 +33,15 @@ from pto_patch.errors import EXIT_USAGE, ModelFolderError, PtoPatchError
 from pto_patch.model.spec import load_spec, parse_ops
 from pto_patch.patching.patch_state import patch_state
 from pto_patch.run.device import dtype_key
+from pto_patch.run.generation import tolerances
+from pto_patch.run.judging import (
+    LOGPROB_BOUND_FACTOR,
+    NEAR_TIE_TOP_K,
+    TRACE_TOP_K,
+    RunJudgement,
+    free_run_failure_message,
+    judge_free_run,
+)
 from pto_patch.run.report import SCHEMA_VERSION, Verdict, write_report
 from pto_patch.serving.vllm_plugin import BACKEND_ENV, KEY_OPS, OPS_ENV, SERVED_OPS, plugin_settings
 
@@ -42,8 +57,6 @@ NOT_APPLICABLE = (
     ("--use_acl_graph", "use_acl_graph", False),
     ("--cache", "cache", "auto"),
     ("--use_dynamic_config", "use_dynamic_config", False),
-    ("--atol", "atol", None),
-    ("--rtol", "rtol", None),
     ("--allow-modified", "allow_modified", False),
     ("--hub-kernels", "hub_kernels", False),
 )
@@ -67,6 +80,8 @@ class VllmVerifyOptions:
     use_compile: bool = False
     multiprocessing: bool = False
     strict: bool = False
+    atol: float | None = None
+    rtol: float | None = None
     report_file: Path | None = None
 
     @classmethod
@@ -105,6 +120,9 @@ class VllmVerifyReport(Verdict):
     kernel_backend: str | None = None
     pto_kernels_path: str | None = None
     accuracy: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None  # the transformers eager run of the unpatched model
+    judged: dict[str, RunJudgement] = field(default_factory=dict)  # "baseline", "pto" against the reference
+    rule: str = ""
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
@@ -141,6 +159,9 @@ class VllmVerifyReport(Verdict):
             "pto": self.pto,
             "ratios": {"tokens_per_s": ratio},
             "accuracy": self.accuracy,
+            "reference": self.reference,
+            "judged": {run: judgement.to_json() for run, judgement in self.judged.items()},
+            "rule": self.rule,
             "options": dict(self.options),
             "report_file": self.report_file,
         }
@@ -328,6 +349,7 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
         "warmup": options.warmup,
         "iters": options.iters,
         "device": options.device,
+        "logprobs": TRACE_TOP_K,  # each step's top logprobs, judged against the reference's
         # room for the prompt (a page image can take thousands of tokens) and the new tokens
         "max_model_len": (IMAGE_CONTEXT if options.image is not None else TEXT_CONTEXT)
         + options.output_length,
@@ -369,7 +391,63 @@ def verify_with_vllm(options: VllmVerifyOptions) -> VllmVerifyReport:
         _judge_pto(report, pto_run, ops, options)
     elif ops == () and not options.use_pto:
         report.warnings.append("--baseline-only: ran vLLM's baseline only")
+    _judge_against_reference(report, spec, folder, prompt, options, base_run, pto_run, ops)
     return report
+
+
+def _reference_generation(
+    spec, folder: Path, prompt: str, options: VllmVerifyOptions, device_type: str, base_run
+):
+    """The unpatched folder loaded by transformers, eager, on vLLM's device, generating on vLLM's prompt
+    tokens (batch 1: vLLM's sequences are all that one prompt)."""
+    from pto_patch.run.device import resolve_device
+    from pto_patch.run.inputs import encode_prompt
+    from pto_patch.run.reference import Reference
+
+    reference = Reference(spec, resolve_device(device_type), options.dtype, folder)
+    try:
+        inputs, _ = encode_prompt(reference, prompt, options.image, simple_prompt=False)
+        ids = inputs["input_ids"][0].tolist()
+        if ids != base_run["prompt_token_ids"]:
+            raise PtoPatchError(
+                f"the transformers reference encodes the prompt as {len(ids)} tokens, vLLM as "
+                f"{len(base_run['prompt_token_ids'])}, not the same ids: the runs cannot be judged on one input",
+                "check the folder's chat template and image processor config (both engines read them)",
+            )
+        inputs = {key: value.to(reference.device.name) for key, value in inputs.items()}
+        generation = reference.generate(inputs, options.output_length)
+        return generation, reference.describe()
+    finally:
+        reference.close()
+
+
+def _judge_against_reference(report, spec, folder, prompt, options, base_run, pto_run, ops) -> None:
+    generation, described = _reference_generation(spec, folder, prompt, options, report.device, base_run)
+    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
+    report.reference = {
+        **described,
+        "what": "the unpatched model through transformers (eager attention), no kernel package, no compile",
+        "device": report.device,
+        "text": generation.texts[0] if generation.texts else "",
+        "token_ids": generation.new_tokens[0].tolist(),
+    }
+    report.rule = (
+        f"each vLLM sequence against the reference, step by step while its tokens are the reference's: every "
+        f"logprob both ranked (top {TRACE_TOP_K}) within {LOGPROB_BOUND_FACTOR:g} x (atol {atol:g} + rtol "
+        f"{rtol:g} x max|reference logit|); at the first differing token each side's token must be in the "
+        f"other's top {NEAR_TIE_TOP_K} (a near tie, as vLLM's check_logprobs_close), and judging stops there"
+    )
+    runs = [("baseline", base_run)] + ([("pto", pto_run)] if pto_run is not None else [])
+    for name, run in runs:
+        steps = [
+            [{int(token): lp for token, lp in step} for step in sequence] for sequence in run["logprobs"]
+        ]
+        report.judged[name] = judge_free_run(generation.trace, run["token_ids"], steps, atol, rtol, name)
+    for name, judgement in report.judged.items():
+        if judgement.passed:
+            continue
+        mode_failed = name == "pto" and not report.judged["baseline"].passed
+        report.failures.append(free_run_failure_message(judgement, "vLLM", ops, mode_failed))
 
 
 def _judge_pto(report: VllmVerifyReport, pto_run: dict[str, Any], ops: tuple[str, ...], options) -> None:
@@ -388,13 +466,8 @@ def _judge_pto(report: VllmVerifyReport, pto_run: dict[str, Any], ops: tuple[str
                 f"{op}: {entry['fallbacks']} call(s) fell back to torch ({entry['first_fallback_error']})"
             )
             (report.failures if options.strict else report.warnings).append(message)
+    # the two vLLM runs side by side, for the report: the verdict is each run against the reference
     report.accuracy = compare_tokens(report.baseline["token_ids"], report.pto["token_ids"])
-    if not report.accuracy["tokens_equal"]:
-        first = report.accuracy["first_difference"]
-        where = f" (sequence {first['sequence']}, step {first['step']})" if first else ""
-        report.failures.append(
-            f"greedy tokens differ from the baseline's: {report.accuracy['token_match_rate']:.1%} agree{where}"
-        )
 
 
 ENGINES = ("transformers", "vllm")

@@ -14,21 +14,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pto_patch import __version__
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
 from pto_patch.patching import folder_lock
-from pto_patch.patching.tuning_file import OLDER_KERNELS_HINT, kernel_tuning, tuning_path, write_tuning
+from pto_patch.patching.tuning_file import (
+    OLDER_KERNELS_HINT,
+    TUNING_FILE,
+    kernel_tuning,
+    tuning_bytes,
+    tuning_path,
+    write_tuning,
+)
 from pto_patch.run.generation import generate
 from pto_patch.run.graph import graph_decode
 from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import encode_prompt, repeat_for_batch
+from pto_patch.run.kept_results import written_or_kept
 from pto_patch.run.loading import versions
-from pto_patch.run.ops import choose_ops
+from pto_patch.run.modes import KernelModes, OpChoice, choose
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import TuneResult
 from pto_patch.run.start import RunPlan, plan_run, start_run
+from pto_patch.run.user_files import check_room
 from pto_patch.tune import selection as tune_selection
 from pto_patch.tune.selection import Candidate, Rules
 
@@ -128,18 +138,16 @@ def probe(
                 note = NOT_PROBED
                 notes.append({"op": op, "backend": backend, "runs_here": False, "note": note})
                 continue
-            kernels.reset_stats()
             candidate = Candidate.of({op: backend})
+            modes = KernelModes(kernels, OpChoice((op,), None, {op: backend}, backend))
             started = clock()
-            try:
+            with modes.timed():  # the counters of this probe alone, every switch off after
                 tokens_per_s(loaded, kernels, inputs, candidate, PROBE_NEW_TOKENS)
-            finally:
-                kernels.disable()
             longest = max(longest, clock() - started)
-            entry = kernels.stats()[op]
-            if entry["fallbacks"]:
-                note = f"falls back to torch here ({entry['first_fallback_error']})"
-            elif not entry["calls"]:
+            ran = modes.op_checks(False, None)[0][op]
+            if ran.fallbacks:
+                note = f"falls back to torch here ({ran.first_fallback_error})"
+            elif not ran.calls:
                 note = "never ran: the injection is not reached"
             else:
                 note = "runs here"
@@ -208,6 +216,7 @@ def run_tune(
     began = clock()
     batches = check_tune_options(options)
     plan = plan_run(options, batch=max(batches), use_pto=True)
+    check_room(tuning_path(plan.folder), TUNING_FILE)  # room and permission, before the search
     with folder_lock.exclusive(plan.folder):
         return _tune(plan, batches, began, on_run, clock)
 
@@ -242,7 +251,7 @@ def _tune(plan: RunPlan, batches, began: float, on_run, clock) -> TuneResult:
         compiled.decode.reserve(options.output_length)  # warm-ups capture the cache the timed runs replay
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
-    ops = choose_ops(plan.ops, spec, loaded.state, 1, False)[0]
+    ops = choose(plan, loaded, 1, use_dynamic_config=False).switched_on
     backends = backends_to_try(options.kernel_backend, device.kind)
     end = began + options.budget_s - WRITE_RESERVE_S
     usable, result.probes, probe_s = probe(
@@ -355,7 +364,13 @@ def _tune(plan: RunPlan, batches, began: float, on_run, clock) -> TuneResult:
             "(run tune with a larger --budget-s)"
         )
         return result
-    result.tuning_file = str(write_tuning(loaded.folder, document))
+    written = written_or_kept(  # a failed write keeps the tuning in pto-patch's cache
+        TUNING_FILE,
+        tuning_path(loaded.folder),
+        tuning_bytes(document),
+        lambda: write_tuning(loaded.folder, document),
+    )
+    result.tuning_file = str(written) if isinstance(written, Path) else None
     if not usable and not any(probe["note"] == NOT_PROBED for probe in result.probes):
         warnings.append("no op ran on any backend here without falling back; the tuning switches nothing on")
     return result

@@ -128,8 +128,9 @@ def core_received(KWARGS):
 
 
 def core_run(self):
-    if pto_attention_core and Q.shape[0] == 1 and Q.shape[2] <= 16 and not getattr(self, "sliding_window", None):
+    OUT = None
+    if pto_attention_core and Q.shape[2] <= 16 and not getattr(self, "sliding_window", None):
         OUT = sys.modules["pto_kernels"].attention_core_model_wrapper(self, Q, K, V, MASK)
         WEIGHTS = None
-    else:
+    if OUT is None:
         ORIGINAL

@@ -201,8 +201,9 @@ MODEL_ROUNDED_SCORES_TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.flo
 
 
 def attention_core_inputs(case):
-    """(query, key_cache, value_cache, kv_lens, scale): a static cache whose unused tail holds noise, not
-    zeros, so a kernel that reads past a sequence's length cannot pass."""
+    """(query, key_cache, value_cache, kv_lens, scale), and kv_starts where the case has left padding: a
+    static cache whose unused tail and padded head hold noise, not zeros, so a kernel that reads past a
+    sequence's length, or before its start, cannot pass."""
     gen = torch.Generator().manual_seed(case["seed"])
     dtype = getattr(torch, case["dtype"])
     b, hq, hkv, s, d, length = (
@@ -211,21 +212,23 @@ def attention_core_inputs(case):
     query = _randn((b, hq, s, d), gen, dtype)
     keys = _randn((b, hkv, length, d), gen, dtype, scale=1.5)
     values = _randn((b, hkv, length, d), gen, dtype)
-    return query, keys, values, torch.tensor(case["kv_lens"]), d**-0.5
+    inputs = (query, keys, values, torch.tensor(case["kv_lens"]), d**-0.5)
+    return inputs + (torch.tensor(case["kv_starts"]),) if "kv_starts" in case else inputs
 
 
-def attention_core_expected(query, keys, values, kv_lens, scale):
+def attention_core_expected(query, keys, values, kv_lens, scale, kv_starts=None):
     """[b, s, q_heads * d] in float64: q head h attends with kv head h // (q_heads / kv_heads); row i of
-    sequence b sees cache positions j <= kv_lens[b] - s + i."""
+    sequence b sees cache positions kv_starts[b] <= j <= kv_starts[b] + kv_lens[b] - s + i."""
     b, hq, s, d = query.shape
     group = hq // keys.shape[1]
     out = torch.empty(b, s, hq, d, dtype=torch.float64)
     for seq in range(b):
+        first = 0 if kv_starts is None else int(kv_starts[seq])
         for head in range(hq):
             k64, v64 = keys[seq, head // group].double(), values[seq, head // group].double()
             for i in range(s):
-                visible = int(kv_lens[seq]) - s + i + 1
-                scores = k64[:visible] @ query[seq, head, i].double() * scale
+                end = first + int(kv_lens[seq]) - s + i + 1
+                scores = k64[first:end] @ query[seq, head, i].double() * scale
                 weights = torch.exp(scores - scores.max())
-                out[seq, i, head] = (weights / weights.sum()) @ v64[:visible]
+                out[seq, i, head] = (weights / weights.sum()) @ v64[first:end]
     return out.reshape(b, s, hq * d)

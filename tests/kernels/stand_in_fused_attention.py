@@ -1,7 +1,9 @@
 """The stand-in torch_npu's `npu_fused_infer_attention_score`, refusing what the real one refuses.
 
-Mirrors its schema and API page in Ascend/op-plugin (`docs/context/torch_npu-npu_fused_infer_attention_score.md`
-and `op_plugin/ops/opapi/FusedInferAttentionScoreKernelNpuOpApi.cpp`, Atlas A2), as on op-plugin master
+Mirrors its schema and API page in Ascend/op-plugin, as on master (commit 517f2e7, 2026-08-21): the page is
+`docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md` there (older branches:
+`docs/context/torch_npu-npu_fused_infer_attention_score.md`), with
+`op_plugin/ops/opapi/FusedInferAttentionScoreKernelNpuOpApi.cpp`, Atlas A2; as on op-plugin master
 (the 26.1.0 branch stand_in_torch_npu.py mirrors; its signature carries query_rope / key_rope, which older
 branches lack): query, key, value positional, everything else keyword-only; returns (attention_out,
 softmax_lse). It refuses on the call, where the real op's aclnn parameter check raises: eagerly, and inside
@@ -12,7 +14,9 @@ and value shapes that differ; under BNSD, num_heads other than the query's N or 
 than the key's N; num_heads not a multiple of num_key_value_heads or more than 64 times it;
 actual_seq_lengths_kv that is not an int list (its type is SymInt[]: a host list, never a tensor), of a
 count other than 1 or at least the batch, or with a length past the key's S; an atten_mask not bool /
-int8 / uint8 or not [B, 1, Q_S, KV_S] (or [B, Q_S, KV_S], [Q_S, KV_S]); inner_precise other than 0 / 1
+int8 / uint8, or not of a shape the page's atten_mask entry lists for sparse_mode 0 / 1 without rope:
+(1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), and under BNSD (B, KV_S) when Q_S is 1, (Q_S, KV_S)
+when Q_S is more (so (B, Q_S, KV_S) is refused for B > 1, and (Q_S, KV_S) at one row for B > 1); inner_precise other than 0 / 1
 when Q_S is 1. Not mirrored (refused here although the real op may take them): every layout but BNSD,
 sparse modes other than 0, and the quantisation, paged-attention, shared-prefix, padding, rope and pse
 inputs; pto_kernels uses none of them. The arithmetic: softmax(scale * Q K^T + mask) V in fp32, masked
@@ -61,10 +65,18 @@ def _mask(atten_mask, batch: int, q_s: int, kv_s: int):
         _refuse(f"atten_mask dtype {atten_mask.dtype}: bool, int8 or uint8")
     if not atten_mask.is_contiguous():
         _refuse("atten_mask must be contiguous")
-    shapes = {(batch, 1, q_s, kv_s), (batch, q_s, kv_s), (q_s, kv_s), (1, q_s, kv_s), (1, 1, q_s, kv_s)}
-    if tuple(atten_mask.shape) not in shapes:
-        _refuse(f"atten_mask {tuple(atten_mask.shape)} does not fit Q_S {q_s} x KV_S {kv_s} (batch {batch})")
-    return atten_mask.bool().reshape(-1, 1, q_s, kv_s) if atten_mask.dim() == 4 else atten_mask.bool()
+    shape = tuple(atten_mask.shape)
+    shapes = {
+        (1, q_s, kv_s),
+        (batch, 1, q_s, kv_s),
+        (1, 1, q_s, kv_s),
+        (batch, kv_s) if q_s == 1 else (q_s, kv_s),
+    }
+    if shape not in shapes:
+        _refuse(f"atten_mask {shape} does not fit Q_S {q_s} x KV_S {kv_s} (batch {batch})")
+    if q_s == 1 and shape == (batch, kv_s):
+        return atten_mask.bool().reshape(batch, 1, 1, kv_s)  # one row: each sequence's own mask row
+    return atten_mask.bool().reshape(-1, 1, q_s, kv_s)  # a leading 1 broadcasts over the batch
 
 
 def make_op():

@@ -171,6 +171,39 @@ def test_the_stand_in_takes_lengths_as_a_host_list_only(stand_in):
         )
 
 
+def _mask_call(op, batch: int, rows: int, mask_shape: tuple[int, ...]):
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, 4, rows, 8, generator=gen).half()
+    k, v = (torch.randn(batch, 2, 12, 8, generator=gen).half() for _ in range(2))
+    mask = torch.zeros(mask_shape, dtype=torch.bool)
+    mask[..., 10:] = True  # the last two positions hidden, whatever the form
+    out, _ = op(q, k, v, atten_mask=mask, num_heads=4, scale=0.5, input_layout="BNSD", num_key_value_heads=2)
+    kk, vv = k.float().repeat_interleave(2, 1)[:, :, :10], v.float().repeat_interleave(2, 1)[:, :, :10]
+    want = torch.softmax(q.float() @ kk.transpose(2, 3) * 0.5, -1) @ vv
+    return out, want
+
+
+@pytest.mark.parametrize(
+    ("batch", "rows", "shape"),
+    [(2, 1, (2, 12)), (2, 1, (2, 1, 1, 12)), (2, 1, (1, 1, 12)), (2, 1, (1, 1, 1, 12)), (2, 3, (3, 12)),
+     (2, 3, (2, 1, 3, 12)), (2, 3, (1, 3, 12)), (1, 1, (1, 12))],
+)  # fmt: skip
+def test_the_stand_in_takes_every_mask_shape_op_plugin_lists(stand_in, batch, rows, shape):
+    """op-plugin master's page (docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md):
+    (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S); under BNSD (B, KV_S) at one row, (Q_S, KV_S) at more."""
+    out, want = _mask_call(stand_in.npu_fused_infer_attention_score, batch, rows, shape)
+    torch.testing.assert_close(out.float(), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("batch", "rows", "shape"),
+    [(2, 3, (2, 3, 12)), (2, 1, (1, 12)), (2, 3, (2, 12)), (2, 1, (2, 2, 1, 12)), (2, 1, (12,))],
+)  # fmt: skip
+def test_the_stand_in_refuses_mask_shapes_op_plugin_does_not_list(stand_in, batch, rows, shape):
+    with pytest.raises(RuntimeError, match="does not fit Q_S"):
+        _mask_call(stand_in.npu_fused_infer_attention_score, batch, rows, shape)
+
+
 def test_npu_refuses_fp32_as_the_op_does(stand_in):
     case = next(c for c in CASES if c["dtype"] == "float32")
     with pytest.raises(RuntimeError, match="float16 or bfloat16"):
@@ -253,10 +286,86 @@ def test_lengths_are_counted_once_per_mask():
 
     lengths, keys = _Lengths(), torch.zeros(1, 2, 64, 8)
     mask, _ = _masks(20, 64, 1)
-    assert lengths.get(mask, keys).tolist() == [20] and lengths.get(mask, keys).tolist() == [20]
-    assert lengths.builds == 1  # every layer of a forward passes the same mask
+    assert lengths.get(mask, keys)[1].tolist() == [20] and lengths.get(mask, keys)[1].tolist() == [20]
+    assert lengths.one_range_each(mask, keys) and lengths.builds == 1  # every layer passes the same mask
     mask[..., 20] = True  # the next step's mask, changed in place: counted again
-    assert lengths.get(mask, keys).tolist() == [21] and lengths.builds == 2
+    assert lengths.get(mask, keys)[1].tolist() == [21] and lengths.builds == 2
+
+
+def _left_padded(starts, lengths, cache_len: int, rows: int):
+    """transformers' masks of a left-padded batch: [b, 1, rows, L] bool (True: visible) and additive."""
+    positions = torch.arange(cache_len)
+    visible = torch.stack(
+        [
+            (positions[None, :] >= first)
+            & (positions[None, :] <= (first + length - rows + torch.arange(rows))[:, None])
+            for first, length in zip(starts, lengths, strict=True)
+        ]
+    )[:, None]
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    return visible, additive
+
+
+def test_each_sequence_s_range_is_read_from_a_left_padded_mask():
+    from pto_kernels.backends import decode_lengths
+
+    keys = torch.zeros(4, 2, 64, 8)
+    starts, lengths = [10, 0, 63, 40], [54, 64, 1, 21]
+    for rows in (1, 3):
+        lengths_rows = [max(n, rows) for n in lengths]
+        starts_rows = [min(s, 64 - n) for s, n in zip(starts, lengths_rows, strict=True)]
+        for mask in _left_padded(starts_rows, lengths_rows, 64, rows):
+            got_starts, got_lengths = decode_lengths.ranges(mask, keys)
+            assert got_starts.tolist() == starts_rows and got_lengths.tolist() == lengths_rows
+            assert decode_lengths.is_one_range_each(mask, keys)
+    padding = torch.ones(4, 64, dtype=torch.long)  # flash attention's 2-D padding mask
+    for b, first in enumerate(starts):
+        padding[b, :first] = 0
+    assert decode_lengths.ranges(padding, keys)[0].tolist() == starts
+    padding[1, 30] = 0  # a hole inside a sequence: not one range
+    assert not decode_lengths.is_one_range_each(padding, keys)
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused", "npu"])
+def test_the_model_wrapper_at_batch_4_takes_each_sequence_s_left_padding(backend, stand_in, monkeypatch):
+    """Four sequences of four lengths, left-padded as generate pads a batch: the op from the mask, through
+    every backend that runs here, matches float64 with each sequence's own range."""
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch4-left-padded-bf16")
+    query, keys, values, kv_lens, scale, kv_starts = gc.attention_core_inputs(case)
+    expected = gc.attention_core_expected(query, keys, values, kv_lens, scale, kv_starts)
+    attention = _Attention("sdpa", query.shape[-1])
+    attention.scaling = scale
+    for mask in _left_padded(kv_starts.tolist(), kv_lens.tolist(), keys.shape[2], 1):
+        with pto_kernels.enabled(["attention_core"], backend=backend):
+            out = pto_kernels.attention_core_model_wrapper(attention, query, keys, values, mask)
+        assert pto_kernels.stats()["attention_core"]["fallbacks"] == 0
+        gc.check_close(out, expected, query.dtype, f"{backend} left-padded")
+
+
+def test_the_model_wrapper_hands_a_mask_with_a_hole_back_to_the_model():
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch4-left-padded-bf16")
+    query, keys, values, kv_lens, scale, kv_starts = gc.attention_core_inputs(case)
+    mask, _ = _left_padded(kv_starts.tolist(), kv_lens.tolist(), keys.shape[2], 1)
+    mask[2, ..., 150] = False  # inside sequence 2's range (130 .. 206)
+    with pto_kernels.enabled(["attention_core"], backend="fused"):
+        out = pto_kernels.attention_core_model_wrapper(_Attention("sdpa", 128), query, keys, values, mask)
+    assert out is None and pto_kernels.stats()["attention_core"]["calls"] == 0
+
+
+def test_the_golden_cases_catch_a_core_that_reads_the_padding_or_another_sequence():
+    """Left padding ignored (each sequence from position 0), or every sequence given sequence 0's range:
+    each must fail the check (the padded head holds noise)."""
+    case = next(c for c in CASES if c["id"] == "gutenocr-batch4-left-padded-bf16")
+    query, keys, values, kv_lens, scale, kv_starts = gc.attention_core_inputs(case)
+    expected = gc.attention_core_expected(query, keys, values, kv_lens, scale, kv_starts)
+    gc.check_close(
+        fused.attention_core(query, keys, values, kv_lens, scale, kv_starts), expected, query.dtype
+    )
+    for lens, starts in ((kv_starts + kv_lens, None), (kv_lens[:1].expand(4), kv_starts[:1].expand(4))):
+        with pytest.raises(AssertionError, match="relative error"):
+            gc.check_close(
+                fused.attention_core(query, keys, values, lens, scale, starts), expected, query.dtype
+            )
 
 
 @pytest.mark.parametrize("form", ["bool", "additive"])
@@ -342,3 +451,53 @@ def test_a_cache_of_one_chunk_spreads_the_chunk_over_the_cores():
     assert attention_core_config(16, 128, 17) == ("one_chunk", one_chunk)
     assert attention_core_config(1, 128, decode.kv_chunk + 1) == ("decode", decode)
     assert one_chunk.cube_n[1] < decode.cube_n[1] and one_chunk.down_cube_n[1] < decode.down_cube_n[1]
+
+
+@pytest.mark.parametrize("cache_len, chunk", [(1040, 1024), (4096, 1024), (2065, 1024), (96, 32)])
+def test_the_pypto_chunk_spans_are_the_chunks_each_range_touches(cache_len, chunk):
+    """The kernel's loop bounds (made in torch once per forward): the whole chunks' loop and the shorter
+    last chunk's together run exactly the chunks a sequence's range overlaps, counted position by position."""
+    from pto_kernels.backends import pypto_attention
+
+    gen = torch.Generator().manual_seed(cache_len)
+    lengths = torch.cat(
+        (torch.tensor([1, 1, cache_len]), torch.randint(1, cache_len + 1, (13,), generator=gen))
+    )
+    starts = (torch.rand(16, generator=gen) * (cache_len - lengths + 1)).long()
+    starts[:3] = torch.tensor([0, cache_len - 1, 0])  # the first position, the last, the whole cache
+    spans = pypto_attention.chunk_spans(starts, lengths, chunk, cache_len)
+    assert spans.dtype == torch.int32 and spans.shape == (16, 4)
+    for (start, length), (first, stop, tail_first, tail_stop) in zip(
+        zip(starts.tolist(), lengths.tolist(), strict=True), spans.tolist(), strict=True
+    ):
+        touched = sorted({position // chunk for position in range(start, start + length)})
+        assert list(range(first, stop)) + list(range(tail_first, tail_stop)) == touched, (start, length)
+        assert stop <= cache_len // chunk and tail_stop - tail_first in (0, 1)
+
+
+def test_the_pypto_spans_and_scratch_are_made_once_per_forward():
+    from pto_kernels.backends.pypto_attention import MASKED, _Constants
+
+    constants, kv_lens, kv_starts = _Constants(), torch.tensor([20, 5]), torch.tensor([0, 15])
+    spans = constants.spans(kv_lens, 16, 40, kv_starts)
+    scratch = constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu")
+    assert constants.spans(kv_lens, 16, 40, kv_starts) is spans  # every layer of one forward
+    assert constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu") is scratch
+    tops, sums = scratch[0][:, :8], scratch[0][:, 8:]  # 3 chunks padded to 8: every row maximum, then sums
+    assert (tops == -MASKED).all() and (sums == 0).all() and (scratch[1] == 0).all()
+    assert scratch[0].shape == (16, 16) and scratch[1].shape == (16, 3 * 8)
+    kv_lens += 1  # the next step: made again, neutral again
+    assert constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu") is not scratch
+    assert constants.spans(kv_lens, 16, 40, kv_starts).tolist() == [[0, 2, 2, 2], [0, 2, 2, 2]]
+
+
+def test_the_pypto_chunk_doubles_where_the_batch_spreads_the_work():
+    """Cost model (pypto_attention.WIDE_CHUNK_HEADS): from 8 kv heads of work, chunks twice the table's."""
+    from pto_kernels.backends import pypto_attention
+    from pto_kernels.tiling.tile_table import attention_core_config
+
+    config = attention_core_config(1, 128, 4096)[1]
+    assert pypto_attention.chunk_width(config, 4096, 2) == config.kv_chunk  # batch 1, 2 kv heads
+    assert pypto_attention.chunk_width(config, 4096, 4) == config.kv_chunk
+    assert pypto_attention.chunk_width(config, 4096, 8) == 2 * config.kv_chunk  # batch 4
+    assert pypto_attention.chunk_width(config, 1040, 16) == 1040  # the whole cache, block-aligned

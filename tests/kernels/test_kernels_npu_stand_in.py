@@ -9,8 +9,8 @@ import pto_kernels
 import pytest
 import stand_in_torch_npu
 import torch
-from pto_kernels import npu as npu_backend
 from pto_kernels import reference
+from pto_kernels.backends import npu as npu_backend
 
 F32, BF16 = torch.float32, torch.bfloat16
 

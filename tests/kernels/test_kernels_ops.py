@@ -9,7 +9,7 @@ import pto_kernels
 import pytest
 import stand_in_torchair
 import torch
-from pto_kernels import _dispatch, ops
+from pto_kernels import _dispatch, ops, static_cache
 from pto_kernels.backends import reference
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -56,6 +56,8 @@ def test_every_entry_is_a_registered_custom_op():
         "attention_prologue_mixed",
         "attention_prologue_cached",
         "attention_prologue_mixed_cached",
+        "attention_prologue_cached_at",
+        "attention_prologue_mixed_cached_at",
         "attention_core",
         "attention_core_masked",
     }
@@ -309,24 +311,29 @@ def test_a_torchair_that_fails_to_load_registers_nothing_and_enable_still_works(
     assert ops._ge_refused == set() and ops.loaded_torchair() is None
 
 
-def test_the_cache_writing_prologue_says_what_it_mutates():
-    """torch.library's own checks of the op that writes the static cache: its schema marks the two caches as
-    written (a compiled graph must not reorder or drop the write), its fake matches its body, and it runs
-    under torch.compile's functionalization."""
-    gen = torch.Generator().manual_seed(5)
+def _mixed_cache_write_args(seed: int, batch: int, advance: bool) -> tuple:
+    """attention_prologue_mixed_cached's arguments at small widths: caches of 6 positions, position 3."""
+    gen = torch.Generator().manual_seed(seed)
     hidden, heads, kv_heads, dim = 32, 4, 2, 8
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen)
 
-    args = (
-        randn(1, 1, hidden), randn(hidden) + 1.0, 1e-6,
+    return (
+        randn(batch, 1, hidden), randn(hidden) + 1.0, 1e-6,
         randn(heads * dim, hidden), randn(heads * dim),
         randn(kv_heads * dim, hidden), randn(kv_heads * dim),
         randn(kv_heads * dim, hidden), randn(kv_heads * dim),
-        randn(1, 1, dim), randn(1, 1, dim), dim,
-        torch.zeros(1, kv_heads, 6, dim), torch.zeros(1, kv_heads, 6, dim), torch.tensor([3]), True,
+        randn(batch, 1, dim), randn(batch, 1, dim), dim,
+        torch.zeros(batch, kv_heads, 6, dim), torch.zeros(batch, kv_heads, 6, dim), torch.tensor([3]), advance,
     )  # fmt: skip
+
+
+def test_the_cache_writing_prologue_says_what_it_mutates():
+    """torch.library's own checks of the op that writes the static cache: its schema marks the two caches as
+    written (a compiled graph must not reorder or drop the write), its fake matches its body, and it runs
+    under torch.compile's functionalization."""
+    args = _mixed_cache_write_args(5, 1, True)
     schema = str(ops.attention_prologue_mixed_cached._schema)
     assert "Tensor(a12!) key_cache" in schema and "Tensor(a13!) value_cache" in schema
     assert "Tensor(a14!) position" in schema
@@ -338,3 +345,34 @@ def test_the_cache_writing_prologue_says_what_it_mutates():
     assert position.tolist() == [4]
     ops.attention_prologue_mixed_cached(*args[:-1], False)  # cache_position (4.57 - 5.0): left as it is
     assert position.tolist() == [4] and written[:, :, 4].abs().sum() > 0
+
+
+def test_the_cache_writing_prologue_at_a_given_position_does_not_say_it_mutates_it():
+    """Under transformers 4.57 - 5.0 the write is at the attention's cache_position, which the layer does not
+    own: the op that writes there marks the caches written, not the position, and refuses to advance it."""
+    args = _mixed_cache_write_args(6, 2, False)
+    schema = str(ops.attention_prologue_mixed_cached_at._schema)
+    assert "Tensor(a12!) key_cache" in schema and "Tensor(a13!) value_cache" in schema
+    assert "Tensor position" in schema and "!) position" not in schema
+    torch.library.opcheck(ops.attention_prologue_mixed_cached_at, args)
+    written, position = args[12], args[14]
+    ops.attention_prologue_mixed_cached_at(*args)
+    assert position.tolist() == [3] and written[:, :, 3].abs().sum(-1).all()  # both sequences' rows
+    with pytest.raises(ValueError, match="never advances"):
+        ops.attention_prologue_mixed_cached_at(*args[:-1], True)
+    assert "!) position" not in str(ops.attention_prologue_cached_at._schema)
+
+
+@pytest.mark.parametrize("advance", [True, False])
+def test_a_traced_cache_write_marks_the_position_written_only_where_it_advances(advance, monkeypatch):
+    called = []
+    for name in ("attention_prologue_mixed_cached", "attention_prologue_mixed_cached_at"):
+        monkeypatch.setattr(ops, name, lambda *args, _name=name: called.append(_name))
+    target = static_cache.WriteTarget(torch.zeros(1), torch.zeros(1), torch.tensor([3]), advance)
+    monkeypatch.setattr(static_cache, "write_target", lambda *args: target)
+    monkeypatch.setattr(pto_kernels, "_prologue_args", lambda *args: ())
+    monkeypatch.setattr(pto_kernels, "_tracing", lambda: True)
+    attention = type("Attention", (), {"layer_idx": 0, "head_dim": 8})()
+    pto_kernels.attention_prologue_mixed_cache_wrapper(attention, None, None, None, None, None, None)
+    want = "attention_prologue_mixed_cached" if advance else "attention_prologue_mixed_cached_at"
+    assert called == [want]

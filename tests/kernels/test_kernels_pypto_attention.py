@@ -5,7 +5,9 @@ One subprocess (pypto_attention_runner.py) runs every case; pypto exits the proc
 Full width: GutenOCR-3B's 16 q / 2 kv heads of 128 at contexts 1, 17, 1,024 and 2,065 (three chunks of
 1,024, the last a 17-position tail; batch 2, the second sequence 1,100 long, so its third chunk is all
 masked), batch 2 with lengths that differ and 3 new rows; Qwen2.5-VL-7B's 28 / 4 and Qwen3-VL-2B's 16 / 8;
-a small fp32 case.
+a small fp32 case; a left-padded batch of four over 2,064 positions (8 kv heads of work: a chunk of 2,048
+and a 16-position tail): one sequence whole, one a single position in the tail, one 1,200 long inside the
+first chunk, one 30 long across both. There the kernel runs only the chunks each range touches, read from its chunk scratch.
 """
 
 import importlib.util
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import golden_cases as gc
 import pytest
+import torch
 from interpreter_run import run_interpreter
 
 pytestmark = [
@@ -48,6 +51,7 @@ def test_kernel_matches_float64(case, results):
         "no-mask/gutenocr-tail2065-batch2-bf16",
         "no-mask/gutenocr-3rows-lengths-bf16",
         "no-merge-weights/gutenocr-tail2065-batch2-bf16",
+        "other-sequence-keys/gutenocr-batch4-left-padded-tail2064-bf16",
     ],
 )
 def test_a_broken_kernel_is_caught(sabotaged, results):
@@ -65,3 +69,37 @@ def test_one_kernel_per_shape_and_a_repeat_is_a_cache_hit(results):
     stats = results["stats"]["attention_core"]
     assert (stats["built"], stats["cache_hits"]) == (len(CASES), 1), stats
     _check(results["results"]["repeat"], "repeat")
+
+
+def _chunks_touched(case: dict, chunk: int) -> list[list[int]]:
+    """Per sequence, the chunks its range [start, start + length) overlaps, counted position by position."""
+    touched = []
+    for start, length in zip(case.get("kv_starts", [0] * case["batch"]), case["kv_lens"], strict=True):
+        touched.append(sorted({position // chunk for position in range(start, start + length)}))
+    return touched
+
+
+def _chunks_run(result: dict) -> list[list[int]]:
+    """Per sequence, the chunks whose row maxima are not the scratch's neutral -1e30 (a chunk that ran with
+    nothing visible has -1e30 x its distance to the range: -1.6e31 and less in this case)."""
+    case, tops = result["case"], result["tops"]
+    per_sequence = tops.reshape(case["batch"], -1, tops.shape[-1])  # rows: (sequence, kv head, q rows)
+    written = per_sequence != torch.tensor(-1e30, dtype=torch.float32)
+    ran = written.all(1)  # every row of every kv head wrote the chunk's maximum
+    assert torch.equal(ran, written.any(1)), "a chunk ran for some rows only"
+    return [row.nonzero().flatten().tolist() for row in ran]
+
+
+def test_the_kernel_runs_only_the_chunks_each_range_touches(results):
+    result = results["results"]["gutenocr-batch4-left-padded-tail2064-bf16"]
+    assert (
+        _chunks_run(result) == _chunks_touched(result["case"], result["chunk"]) == [[0, 1], [1], [0], [0, 1]]
+    )
+
+
+def test_a_kernel_that_reads_every_chunk_is_caught(results):
+    """Reading past the lengths is masked, so its output passes: what it read shows in the scratch."""
+    result = results["results"]["sabotaged/every-chunk/gutenocr-batch4-left-padded-tail2064-bf16"]
+    _check(result, "every chunk")
+    assert _chunks_run(result) == [[0, 1]] * 4
+    assert _chunks_run(result) != _chunks_touched(result["case"], result["chunk"])

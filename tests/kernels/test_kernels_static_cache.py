@@ -48,9 +48,10 @@ def _position(cache, layer: int = 0):
     return None if isinstance(held, torch.Tensor) else torch.tensor([5])
 
 
-def test_a_static_cache_at_decode_is_a_target():
-    cache = _prefilled()
-    target = static_cache.write_target(cache, 1, torch.zeros(1, 1, HIDDEN), _position(cache, 1))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_static_cache_at_decode_is_a_target(batch):
+    cache = _prefilled(batch=batch)
+    target = static_cache.write_target(cache, 1, torch.zeros(batch, 1, HIDDEN), _position(cache, 1))
     layer = cache.layers[1]
     assert target is not None and target.keys is layer.keys and target.values is layer.values
     counter = getattr(layer, "cumulative_length", None)
@@ -65,7 +66,16 @@ class _OwnUpdate(StaticCache):
 
 @pytest.mark.parametrize(
     "why",
-    ["dynamic", "two rows", "batch 2", "own update", "offloading", "dtype", "not allocated", "no position"],
+    [
+        "dynamic",
+        "two rows",
+        "another batch",
+        "own update",
+        "offloading",
+        "dtype",
+        "not allocated",
+        "no position",
+    ],
 )
 def test_what_is_not_a_target(why):
     hidden, cache = torch.zeros(1, 1, HIDDEN), None
@@ -73,8 +83,8 @@ def test_what_is_not_a_target(why):
         cache = _prefilled(DynamicCache)
     elif why == "two rows":
         cache, hidden = _prefilled(), torch.zeros(1, 2, HIDDEN)
-    elif why == "batch 2":
-        cache, hidden = _prefilled(batch=2), torch.zeros(2, 1, HIDDEN)
+    elif why == "another batch":  # a cache allocated for 2 sequences, a call of 3: the update would fail
+        cache, hidden = _prefilled(batch=2), torch.zeros(3, 1, HIDDEN)
     elif why == "own update":
         cache = _prefilled(_OwnUpdate)
     elif why == "offloading":
@@ -104,14 +114,15 @@ class _Module(torch.nn.Module):
         self.norm.weight, self.norm.variance_epsilon = torch.nn.Parameter(torch.rand(HIDDEN) + 0.5), 1e-6
 
 
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("backend", ["torch", "fused"])
-def test_the_wrapper_leaves_what_transformers_update_leaves(backend):
+def test_the_wrapper_leaves_what_transformers_update_leaves(backend, batch):
     """The prologue's write, then transformers' update of a copy with the prologue's own k and v: the same
-    caches, the same length; q as the prologue without the cache."""
-    module, cache = _Module(), _prefilled()
+    caches (every sequence's row), the same length, advanced once; q as the prologue without the cache."""
+    module, cache = _Module(), _prefilled(batch=batch)
     twin = copy.deepcopy(cache)
-    x = torch.randn(1, 1, HIDDEN)
-    angles = torch.randn(3, 1, 1, DIM // 2).repeat(1, 1, 1, 2)
+    x = torch.randn(batch, 1, HIDDEN)
+    angles = torch.randn(3, batch, 1, DIM // 2).repeat(1, 1, 1, 2)
     cos, sin = angles.cos(), angles.sin()
     with pto_kernels.enabled(ops=["attention_prologue"], backend=backend), torch.no_grad():
         q0, k0, v0 = pto_kernels.attention_prologue_wrapper(module, module.norm, x, cos, sin, SECTION)
@@ -126,7 +137,10 @@ def test_the_wrapper_leaves_what_transformers_update_leaves(backend):
     torch.testing.assert_close(values, want_values, rtol=0, atol=0)
     assert keys is cache.layers[1].keys
     assert cache.layers[1].get_seq_length() == twin.layers[1].get_seq_length()
+    if isinstance(getattr(twin.layers[1], "cumulative_length", None), torch.Tensor):
+        assert int(cache.layers[1].get_seq_length()) == 6  # advanced by one step, whatever the batch
     assert int(cache.layers[0].get_seq_length()) == 5  # another layer's length is its own
+    assert int((keys[:, :, 5] != 0).all()) and keys.shape[0] == batch  # every sequence's row written
 
 
 def test_the_wrapper_falls_through_to_the_update_when_there_is_no_target():
@@ -162,3 +176,34 @@ def test_one_rows_write_launches_what_transformers_update_does():
         reference.write_cache(*caches, *new, torch.tensor([4]))
     assert counted.kernels == ["aten.index_copy_", "aten.index_copy_"]
     torch.testing.assert_close(caches[0][:, :, 4:5], new[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_pypto_prologue_at_a_batch_runs_its_kernel_then_writes_and_advances_once(mixed, monkeypatch):
+    """The pypto cached kernel writes one row; at batch 3 the entry runs the prologue's own kernel (stood in
+    for here: the interpreter is slow) and then transformers' write, the length advanced once."""
+    from pto_kernels.backends import pypto_prologue
+
+    batch, seen = 3, []
+
+    def prologue(x, *rest, cache=None):
+        seen.append(cache)
+        k = torch.full((batch, KV_HEADS, 1, DIM), 2.0)
+        return torch.ones(batch, HEADS, 1, DIM), k, k + 1
+
+    monkeypatch.setattr(pypto_prologue, "_prologue", lambda *args: prologue(*args[:7], cache=args[7:]))
+    monkeypatch.setattr(pypto_prologue, "_mixed_tables", lambda *args: (None, None))
+    caches = [torch.zeros(batch, KV_HEADS, CACHE_LEN, DIM) for _ in "kv"]
+    position = torch.tensor([5])
+    weights = (None,) * 8  # norm_w, eps, q/k/v weights and biases
+    tables = (torch.zeros(3, batch, 1, DIM),) * 2
+    args = (torch.zeros(batch, 1, HIDDEN), *weights, *tables) + (() if mixed else (SECTION,))
+    args += (DIM, *caches, position, True)
+    entry = (
+        pypto_prologue.attention_prologue_mixed_cached if mixed else pypto_prologue.attention_prologue_cached
+    )
+    q = entry(*args)
+    assert seen == [()] and q.shape == (batch, HEADS, 1, DIM)  # the uncached kernel, once
+    assert position.tolist() == [6]  # advanced once
+    assert (caches[0][:, :, 5] == 2).all() and (caches[1][:, :, 5] == 3).all()
+    assert not caches[0][:, :, :5].any() and not caches[0][:, :, 6:].any()

@@ -1,9 +1,10 @@
 """pto-patch verify --engine vllm through vLLM itself: the vLLM lane (.ci/vllm_lane builds its environment).
 
 Skipped where vLLM does not import (the main test environment). Each verify runs vLLM twice, each run in a
-process of its own, on a tiny Qwen2.5-VL whose head_dim (64) vLLM's CPU attention takes. Between them the
-tests cover eager and compiled mode, text and one image, and the multi-process engine (with a sabotaged
-kernel, whose calls are counted in vLLM's worker process).
+process of its own, on a tiny Qwen2.5-VL whose head_dim (64) vLLM's CPU attention takes, and judges both
+against the transformers eager run of the same folder. Between them the tests cover eager and compiled
+mode, text and one image, the multi-process engine (with a sabotaged kernel, whose calls are counted in
+vLLM's worker process), and a fault in vLLM's own RMSNorm that only its baseline runs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,43 @@ def _reversed_add_rms_norm(x, residual, weight, eps=1e-6):
 
 
 _fused.rms_norm, _fused.add_rms_norm = _reversed_rms_norm, _reversed_add_rms_norm
+"""
+# A sitecustomize for vLLM's engine process: vLLM's own RMSNorm (vllm/model_executor/layers/layernorm.py,
+# `RMSNorm.forward_native`, which `CustomOp.forward_cpu` runs on a CPU) reverses its output once imported.
+# The plugin's PtoRMSNorm never calls it with rms_norm on, so only vLLM's baseline is wrong.
+VLLM_FAULT = """
+import importlib.abc, importlib.util, sys
+
+TARGET = "vllm.model_executor.layers.layernorm"
+
+
+def _sabotage(module):
+    native = module.RMSNorm.forward_native
+
+    def reversed_native(self, x, residual=None):
+        out = native(self, x, residual)
+        return out.flip(-1) if residual is None else (out[0].flip(-1), out[1])
+
+    module.RMSNorm.forward_native = reversed_native
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _sabotage(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
 """
 
 
@@ -91,6 +129,12 @@ def _assert_every_op_ran_and_tokens_agree(doc: dict) -> None:
         assert doc["pto"]["layers"][key]["pto"] == doc["pto"]["layers"][key]["built"] > 0
         assert doc["pto"]["registry"][key].startswith("pto_patch.serving.vllm_layers.Pto")
     assert doc["baseline"]["registry"] == {}
+    # both vLLM runs judged against the transformers eager run, not against each other
+    assert doc["reference"]["what"].startswith("the unpatched model through transformers")
+    for run in ("baseline", "pto"):
+        judged = doc["judged"][run]
+        assert judged["passed"] and judged["steps_judged"] > 0, judged
+        assert judged["worst_diff"] <= judged["worst_tolerance"]
 
 
 def test_in_process_eager_text(tiny: Path, tmp_path: Path):
@@ -125,10 +169,30 @@ def test_multi_process_with_a_sabotaged_kernel_fails_with_exit_3(tiny: Path, tmp
     assert done.returncode == 3, done.stderr[-3000:]
     doc = _doc(done)
     assert not doc["passed"] and not doc["accuracy"]["tokens_equal"]
-    assert any("greedy tokens differ" in failure for failure in doc["failures"])
+    assert doc["judged"]["baseline"]["passed"] and not doc["judged"]["pto"]["passed"]
+    assert any(
+        failure.startswith("pto (vLLM): differs from the unpatched transformers eager model")
+        and "the kernels switched on (rms_norm, mrope, swiglu_mlp)" in failure
+        for failure in doc["failures"]
+    ), doc["failures"]
     assert doc["multiprocessing"] is True and doc["pto"]["workers_in_engine_process"] is False
     assert all(doc["pto"]["ops"][op]["calls"] > 0 for op in OPS)  # counted in the worker process
     assert doc["pto_kernels_path"] == str((sabotaged / "pto_kernels").resolve())
+
+
+def test_a_vllm_baseline_that_differs_from_eager_fails_naming_vllm(tiny: Path, tmp_path: Path):
+    """vLLM's own RMSNorm reversed in its engine process: the baseline differs from the transformers eager
+    run (exit 3, naming vLLM, not a kernel), while the PTO run, whose norms are pto_kernels', passes."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(VLLM_FAULT, encoding="utf-8")
+    args = ["--model-path", str(tiny), "--use_pto", "--kernel-backend", "torch"]
+    done = _verify(args, tmp_path, PYTHONPATH=str(hook))
+    assert done.returncode == 3, done.stderr[-3000:]
+    doc = _doc(done)
+    assert not doc["judged"]["baseline"]["passed"] and doc["judged"]["pto"]["passed"], doc["judged"]
+    assert len(doc["failures"]) == 1 and doc["failures"][0].startswith("baseline (vLLM)")
+    assert "a fault of vLLM, not a kernel's" in doc["failures"][0]
 
 
 def test_an_unknown_op_in_the_switch_stops_vllm_at_start_up(tiny: Path, tmp_path: Path):

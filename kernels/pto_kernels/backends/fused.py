@@ -206,19 +206,23 @@ def attention_prologue_mixed_cached(*args):
     return reference.prologue_cached(attention_prologue_mixed, args)
 
 
-def attention_core(query, key_cache, value_cache, kv_lens, scale):
+def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):
     """The attention core by torch's scaled_dot_product_attention (grouped heads, no repeat_kv copy) over
-    the cache positions some sequence still uses: a static cache's unused tail is never read."""
-    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    the cache positions some sequence still uses: a static cache's unused tail is never read. A sequence's
+    positions before kv_starts[b] (left padding) are masked."""
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens, kv_starts)
     batch, q_heads, rows, dim = query.shape
     used = key_cache.shape[2]
     if not (query.is_cuda and torch.cuda.is_current_stream_capturing()):  # a capture cannot read lengths
-        used = int(kv_lens.max())
+        ends = kv_lens if kv_starts is None else kv_starts + kv_lens
+        used = int(ends.max())
         if not (rows <= int(kv_lens.min()) and used <= key_cache.shape[2]):
             raise ValueError(
                 f"attention_core: kv_lens {kv_lens.tolist()} do not hold {rows} new rows in the cache"
             )
-    allowed = reference.decode_positions_allowed(kv_lens, rows, used)[:, None]
+        if kv_starts is not None and int(kv_starts.min()) < 0:
+            raise ValueError(f"attention_core: kv_starts {kv_starts.tolist()} are before the cache")
+    allowed = reference.decode_positions_allowed(kv_lens, rows, used, kv_starts)[:, None]
     out = F.scaled_dot_product_attention(
         query,
         key_cache[:, :, :used],
@@ -231,6 +235,6 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
 
 
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
-    """attention_core with the lengths read from the model's attention mask, once per forward."""
-    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
-    return attention_core(query, key_cache, value_cache, kv_lens, scale)
+    """attention_core with each sequence's range read from the model's attention mask, once per forward."""
+    kv_starts, kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)

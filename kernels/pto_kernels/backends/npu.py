@@ -224,22 +224,29 @@ def attention_prologue_mixed_cached(*args):
     return reference.prologue_cached(attention_prologue_mixed, args)
 
 
-def attention_core(query, key_cache, value_cache, kv_lens, scale):
+def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):
     """The attention core by `npu_fused_infer_attention_score`, the fused attention op vllm-ascend calls,
     in its BNSD layout: query [b, q_heads, s, d] and the caches [b, kv_heads, cache_len, d] as they are
-    (contiguous: the op takes no strided input), GQA by num_key_value_heads, the valid lengths as
-    actual_seq_lengths_kv. Its schema takes those as a host int list (SymInt[]), so kv_lens is read back
-    to the host here: one device-to-host copy a call. With more than one new row, a bool mask
-    [b, 1, s, cache_len] (True: masked) keeps them causal (sparse_mode 0); one row needs none. Inside a
+    (contiguous: the op takes no strided input), GQA by num_key_value_heads, each sequence's valid end as
+    actual_seq_lengths_kv (kv_starts[b] + kv_lens[b]). Its schema takes those as a host int list
+    (SymInt[]), so they are read back to the host here: one device-to-host copy a call. With more than one
+    new row, or a left-padded sequence (kv_starts[b] > 0: positions before its start are hidden), a bool
+    mask [b, 1, s, cache_len] (True: masked, sparse_mode 0) keeps them out; one row of an unpadded batch
+    needs none. The op's own kv_padding_size is not used: its documented meaning (data aligned to the
+    right of the key's S) is not this cache's layout, whose unused positions follow each sequence. Inside a
     device-graph capture no host copy can run: the lengths then go into the mask too, made on the device,
     and the op gets no length list. fp16 / bf16 only, as the op."""
-    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens, kv_starts)
     batch, q_heads, rows, dim = query.shape
     capturing = pypto_device.capturing(query.device.type)
-    lengths = None if capturing else [int(n) for n in kv_lens.tolist()]
+    starts = torch.zeros_like(kv_lens) if kv_starts is None else kv_starts.to(kv_lens.dtype)
+    lengths, padded = None, kv_starts is not None
+    if not capturing:  # one copy to the host: the ends, then the starts
+        ends, firsts = torch.stack((starts + kv_lens, starts)).tolist()
+        lengths, padded = [int(n) for n in ends], any(firsts)
     mask = None
-    if rows > 1 or capturing:
-        mask = ~reference.decode_positions_allowed(kv_lens, rows, key_cache.shape[2])[:, None]
+    if rows > 1 or capturing or padded:
+        mask = ~reference.decode_positions_allowed(kv_lens, rows, key_cache.shape[2], kv_starts)[:, None]
     out, _ = _torch_npu().npu_fused_infer_attention_score(
         query.contiguous(),
         key_cache.contiguous(),
@@ -256,6 +263,6 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
 
 
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
-    """attention_core with the lengths read from the model's attention mask, once per forward."""
-    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
-    return attention_core(query, key_cache, value_cache, kv_lens, scale)
+    """attention_core with each sequence's range read from the model's attention mask, once per forward."""
+    kv_starts, kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)

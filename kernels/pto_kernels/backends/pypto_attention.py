@@ -15,10 +15,11 @@ output, three stages instead of four.
 
 The mask comes in as an additive bias, fp32 [batch * bias_rows, cache_len], made in torch once per forward
 and shared by every layer (`_Constants.bias`; inside a device-graph capture it is recorded once, in the first
-layer, and every replay remakes it): row i of sequence b sees positions < kv_lens[b] - s + i + 1 (the new
-rows are the last s valid positions, causal among themselves), one bias row per sequence when s is 1 (the
+layer, and every replay remakes it): row i of sequence b sees positions kv_starts[b] <= j < kv_starts[b] +
+kv_lens[b] - s + i + 1 (left padding before the start; the new rows are the last s valid positions, causal
+among themselves), one bias row per sequence when s is 1 (the
 group's q heads share it), group x s rows otherwise. Masked scores get -1e30 times how far past the limit
-they are, so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge (every row sees at
+they are (before the start: how far before), so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge (every row sees at
 least its own position). The kernel reads the bias once per chunk and task, where making the mask inside
 it cost the softmax task two more copies from global memory (the lengths and the positions), ~1,400
 cycles each in the cost model. The chunk count is fixed by the cache length: the kernel reads the whole
@@ -43,9 +44,19 @@ def _align(value: int, to: int) -> int:
     return -(-value // to) * to
 
 
-def chunk_width(config: TileConfig, cache_len: int) -> int:
-    """Cache positions per chunk: the table's, or the whole (block-aligned) cache when it is shorter."""
-    return min(config.kv_chunk, _align(cache_len, BLOCK))
+# kv heads (batch x the model's kv heads) from which a chunk is twice the table's: the work is spread over
+# the cores by the heads already, and fewer, longer chunks mean fewer tasks and a shorter merge. Cost model,
+# 1 new row, 16 q / 2 kv heads of 128, every position used (us, the table's 1,024 vs 2,048 positions a
+# chunk): 4,096 positions batch 1 25.86 vs 29.34; batch 4 84.29 vs 54.18; batch 8 142.10 vs 102.54;
+# batch 16 251.17 vs 175.61; 2,048 positions batch 8 87.96 vs 36.03. Batch 2 (4 kv heads) not measured.
+WIDE_CHUNK_HEADS = 8
+
+
+def chunk_width(config: TileConfig, cache_len: int, heads: int = 1) -> int:
+    """Cache positions per chunk: the table's (twice it from WIDE_CHUNK_HEADS kv heads of work), or the
+    whole (block-aligned) cache when it is shorter."""
+    chunk = config.kv_chunk * (2 if heads >= WIDE_CHUNK_HEADS else 1)
+    return min(chunk, _align(cache_len, BLOCK))
 
 
 def _tiles(config: TileConfig, chunk: int, dim: int):
@@ -67,7 +78,7 @@ def _build_attention_core(
     pypto = _pypto()
     dt, fp32 = _dtype(dtype), pypto.DT_FP32
     rows = group * new_rows
-    chunk = chunk_width(config, cache_len)
+    chunk = chunk_width(config, cache_len, batch * kv_heads)
     chunks = -(-cache_len // chunk)
     padded = _align(chunks, 8)  # a reduction's last axis: whole 32-byte blocks of fp32
     m = [config.cube_m, config.cube_m]
@@ -76,30 +87,48 @@ def _build_attention_core(
     heads = batch * kv_heads
     masks = bias_rows(new_rows, group)
 
-    def chunk_partials(q, k, v, bias_in, ml_buf, acc_buf, out):
+    tail = cache_len % chunk  # the last chunk's width when it is shorter than the others (0: none)
+
+    def one_chunk(q, k, v, bias_in, out, head, c, width):
+        """Chunk c (a Python int or a loop's index) of `head`: its partials, or the output for a cache of
+        one chunk."""
+        row, seq = head * rows, head // kv_heads
+        first = key_row(head, kv_heads, heads, cache_len) + c * chunk
+        qt = pypto.view(q, [rows, dim], [row, 0])
+        kt = pypto.view(k, [width, dim], [first, 0])
+        vt = pypto.view(v, [width, dim], [first, 0])
+        pypto.set_cube_tile_shapes(m, qk_k, qk_n)
+        scores = pypto.matmul(qt, kt, fp32, b_trans=True)
+        pypto.set_vec_tile_shapes(vec_rows, chunk)
+        bias = pypto.view(bias_in, [masks, width], [seq * masks, c * chunk])  # [1, w]: broadcast
+        scores = pypto.add(pypto.mul(scores, scale), bias)
+        top = pypto.amax(scores, -1, True)
+        p = pypto.exp(pypto.sub(scores, top))
+        if chunks == 1:  # the whole cache in one chunk: P normalised here, P @ V is the output
+            p = pypto.div(p, pypto.sum(p, -1, True))
+            pypto.set_cube_tile_shapes(m, pv_k, pv_n)
+            pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, dt), [row, 0], out)
+            return
+        return top, pypto.sum(p, -1, True), p, vt
+
+    def chunk_partials(q, k, v, bias_in, spans, ml_buf, acc_buf, out):
         for head in range(heads):
             row, seq = head * rows, head // kv_heads
-            for c in range(chunks):
-                width, first = min(chunk, cache_len - c * chunk), head * cache_len + c * chunk
-                qt = pypto.view(q, [rows, dim], [row, 0])
-                kt = pypto.view(k, [width, dim], [first, 0])
-                vt = pypto.view(v, [width, dim], [first, 0])
-                pypto.set_cube_tile_shapes(m, qk_k, qk_n)
-                scores = pypto.matmul(qt, kt, fp32, b_trans=True)
-                pypto.set_vec_tile_shapes(vec_rows, chunk)
-                bias = pypto.view(bias_in, [masks, width], [seq * masks, c * chunk])  # [1, w]: broadcast
-                scores = pypto.add(pypto.mul(scores, scale), bias)
-                top = pypto.amax(scores, -1, True)
-                p = pypto.exp(pypto.sub(scores, top))
-                if chunks == 1:  # the whole cache in one chunk: P normalised here, P @ V is the output
-                    p = pypto.div(p, pypto.sum(p, -1, True))
+            if chunks == 1:
+                one_chunk(q, k, v, bias_in, out, head, 0, cache_len)
+                continue
+            # only the chunks the sequence's range touches (spans: read from the int32 tensor in the
+            # kernel); the others' slots keep the neutral partials the scratch was made with
+            loops = [(spans[seq, 0], spans[seq, 1], chunk)]
+            if tail:
+                loops.append((spans[seq, 2], spans[seq, 3], tail))
+            for start, stop, width in loops:
+                for c in pypto.loop(start, stop):
+                    top, total, p, vt = one_chunk(q, k, v, bias_in, out, head, c, width)
+                    pypto.assemble(top, [row, c], ml_buf)
+                    pypto.assemble(total, [row, padded + c], ml_buf)
                     pypto.set_cube_tile_shapes(m, pv_k, pv_n)
-                    pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, dt), [row, 0], out)
-                    continue
-                pypto.assemble(top, [row, c], ml_buf)
-                pypto.assemble(pypto.sum(p, -1, True), [row, padded + c], ml_buf)
-                pypto.set_cube_tile_shapes(m, pv_k, pv_n)
-                pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, fp32), [row, c * dim], acc_buf)
+                    pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, fp32), [row, c * dim], acc_buf)
 
     def merged(out, ml_buf, acc_buf):
         for head in range(heads):
@@ -126,6 +155,7 @@ def _build_attention_core(
         k: pypto.Tensor([heads * cache_len, dim], dt),
         v: pypto.Tensor([heads * cache_len, dim], dt),
         bias_in: pypto.Tensor([batch * masks, cache_len], fp32),
+        spans: pypto.Tensor([batch, 4], pypto.DT_INT32),
         out: pypto.Tensor([heads * rows, dim], dt),
         ml_buf: pypto.Tensor([heads * rows, 2 * padded], fp32),
         acc_buf: pypto.Tensor([heads * rows, chunks * dim], fp32),
@@ -133,12 +163,41 @@ def _build_attention_core(
         pypto.set_vec_tile_shapes(vec_rows, chunk)
         # two stages, each its own function: a scratch tensor written and read in one would be a cycle
         for _ in pypto.loop(1):
-            chunk_partials(q, k, v, bias_in, ml_buf, acc_buf, out)
+            chunk_partials(q, k, v, bias_in, spans, ml_buf, acc_buf, out)
         if chunks > 1:
             for _ in pypto.loop(1):
                 merged(out, ml_buf, acc_buf)
 
     return attention_core_kernel
+
+
+def key_row(head: int, kv_heads: int, heads: int, cache_len: int) -> int:
+    """Inside a kernel: the first row of `head`'s keys and values in the flattened caches (head = sequence x
+    kv_heads + kv head)."""
+    return head * cache_len
+
+
+def chunk_spans(kv_starts: torch.Tensor, kv_lens: torch.Tensor, chunk: int, cache_len: int) -> torch.Tensor:
+    """[batch, 4] int32: the chunks each sequence's range [start, start + length) touches, as two loops'
+    (first, stop): the whole chunks' (indices < cache_len // chunk), then the shorter last chunk's ((n, n)
+    or (n, n + 1) with n = cache_len // chunk; (n, n) when there is none)."""
+    whole = cache_len // chunk
+    first = kv_starts.to(torch.int64) // chunk
+    last = (kv_starts.to(torch.int64) + kv_lens.to(torch.int64) - 1).clamp_min(0) // chunk
+    stop = torch.minimum(last + 1, torch.full_like(last, whole))
+    start = torch.minimum(first, stop)
+    tail_stop = torch.full_like(last, whole) + (last >= whole).to(torch.int64) * int(cache_len % chunk > 0)
+    tail = torch.full_like(last, whole)
+    return torch.stack((start, stop, tail, tail_stop), -1).to(torch.int32)
+
+
+def neutral_partials(rows: int, chunks: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk scratch (m, l) and A as the merge finds a chunk the kernel skipped: m = -MASKED (weight
+    exp(-MASKED - m*) = 0), l = 0, A = 0."""
+    padded = _align(chunks, 8)
+    ml = torch.zeros(rows, 2 * padded, dtype=torch.float32, device=device)
+    ml[:, :padded] = -MASKED
+    return ml, torch.zeros(rows, chunks * dim, dtype=torch.float32, device=device)
 
 
 def bias_rows(new_rows: int, group: int) -> int:
@@ -153,44 +212,75 @@ def _chunk_weights(tops):
 
 
 class _Constants:
-    """The kernel's mask bias, made once while the same lengths come back (every layer of a forward passes
-    one lengths tensor: decode_lengths, which makes a new one each forward). A lengths tensor changed in
-    place is seen by its version counter, which an inference-mode tensor lacks: a caller that changes one
-    in place under torch.inference_mode must pass a new tensor instead."""
+    """What the kernel takes besides the model's tensors, made once while the same lengths come back (every
+    layer of a forward passes one lengths tensor: decode_lengths, which makes a new one each forward): the
+    mask bias, the chunk spans, and the chunk scratch with its neutral partials (every layer of a forward
+    writes the same chunks' slots; the others stay neutral). A lengths tensor changed in place is seen by
+    its version counter, which an inference-mode tensor lacks: a caller that changes one in place under
+    torch.inference_mode must pass a new tensor instead."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._held: tuple | None = None  # the lengths kept alive, so their id is never reused meanwhile
-        self.builds = 0
+        self._made: dict = {}
+        self.builds = 0  # mask biases made
 
-    def bias(self, kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int) -> torch.Tensor:
-        version = decode_lengths.version_of(kv_lens)
-        key = (id(kv_lens), version, tuple(kv_lens.shape), group, new_rows, cache_len, MASKED)
+    def _lengths_key(self, kv_lens, kv_starts) -> tuple:
+        key = (id(kv_lens), decode_lengths.version_of(kv_lens), tuple(kv_lens.shape), MASKED)
+        return key + (None if kv_starts is None else (id(kv_starts), decode_lengths.version_of(kv_starts)),)
+
+    def _get(self, kv_lens, kv_starts, what: tuple, make):
+        key = self._lengths_key(kv_lens, kv_starts)
         if key != self._key:
-            self._key = key
-            self._held = (kv_lens, mask_bias(kv_lens, group, new_rows, cache_len))
+            self._key, self._held, self._made = key, (kv_lens, kv_starts), {}
+        if what not in self._made:
+            self._made[what] = make()
+        return self._made[what]
+
+    def bias(
+        self, kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int, kv_starts=None
+    ) -> torch.Tensor:
+        def make():
             self.builds += 1
-        return self._held[1]
+            return mask_bias(kv_lens, group, new_rows, cache_len, kv_starts)
+
+        return self._get(kv_lens, kv_starts, ("bias", group, new_rows, cache_len), make)
+
+    def spans(self, kv_lens: torch.Tensor, chunk: int, cache_len: int, kv_starts=None) -> torch.Tensor:
+        def make():
+            starts = torch.zeros_like(kv_lens) if kv_starts is None else kv_starts
+            return chunk_spans(starts, kv_lens, chunk, cache_len)
+
+        return self._get(kv_lens, kv_starts, ("spans", chunk, cache_len), make)
+
+    def scratch(self, kv_lens, kv_starts, rows: int, chunks: int, dim: int, device) -> tuple:
+        what = ("scratch", rows, chunks, dim, str(device))
+        return self._get(kv_lens, kv_starts, what, lambda: neutral_partials(rows, chunks, dim, device))
 
 
-def mask_bias(kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int) -> torch.Tensor:
-    """[batch * bias_rows, cache_len] fp32: 0 where a row sees the position, -MASKED x (how far past its
-    limit) where it does not; row (g, i) of sequence b sees positions < kv_lens[b] - s + i + 1."""
+def mask_bias(
+    kv_lens: torch.Tensor, group: int, new_rows: int, cache_len: int, kv_starts: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[batch * bias_rows, cache_len] fp32: 0 where a row sees the position, -MASKED x (how far outside its
+    range) where it does not; row (g, i) of sequence b sees positions kv_starts[b] <= j < kv_starts[b] +
+    kv_lens[b] - s + i + 1 (kv_starts 0 when not given: no left padding)."""
     device = kv_lens.device
+    first = torch.zeros_like(kv_lens) if kv_starts is None else kv_starts.to(kv_lens.dtype)
+    first = first.to(torch.float32).reshape(-1, 1, 1)
     offsets = 1 - new_rows + torch.arange(new_rows, dtype=torch.float32, device=device)
     offsets = offsets.repeat(bias_rows(new_rows, group) // new_rows)  # rows ordered (q head, position)
-    limits = kv_lens.to(torch.float32).reshape(-1, 1, 1) + offsets.reshape(1, -1, 1)
+    limits = first + kv_lens.to(torch.float32).reshape(-1, 1, 1) + offsets.reshape(1, -1, 1)
     positions = torch.arange(cache_len, dtype=torch.float32, device=device).reshape(1, 1, -1)
-    past = (positions - limits + 1.0).clamp_min(0.0)  # 0: visible
+    past = (positions - limits + 1.0).clamp_min(0.0) + (first - positions).clamp_min(0.0)  # 0: visible
     return (past * -MASKED).reshape(-1, cache_len)
 
 
 CONSTANTS = _Constants()
 
 
-def attention_core(query, key_cache, value_cache, kv_lens, scale):
+def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):
     """One kernel: the decode rows' attention over the static cache (see the module docstring)."""
-    reference.check_attention_core(query, key_cache, value_cache, kv_lens)
+    reference.check_attention_core(query, key_cache, value_cache, kv_lens, kv_starts)
     batch, q_heads, seq, dim = query.shape
     kv_heads, cache_len = key_cache.shape[1], key_cache.shape[2]
     if seq > DECODE_MAX_ROWS:
@@ -200,7 +290,7 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     dtype, group = query.dtype, q_heads // kv_heads
     rows, device_type = group * seq, _device_type(query)
     _, config = attention_core_config(seq, dim, cache_len)
-    chunk = chunk_width(config, cache_len)
+    chunk = chunk_width(config, cache_len, batch * kv_heads)
     tile_budget.check(
         "attention_core", config, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
     )
@@ -217,19 +307,19 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale):
     q = query.contiguous().reshape(batch * kv_heads * rows, dim)
     k = key_cache.to(dtype).contiguous().reshape(-1, dim)
     v = value_cache.to(dtype).contiguous().reshape(-1, dim)
-    bias = CONSTANTS.bias(kv_lens, group, seq, cache_len)
+    bias = CONSTANTS.bias(kv_lens, group, seq, cache_len, kv_starts)
+    spans = CONSTANTS.spans(kv_lens, chunk, cache_len, kv_starts)
     chunks = -(-cache_len // chunk)
     out = _new_output(q)
-    ml_buf = q.new_empty(q.shape[0], 2 * _align(chunks, 8), dtype=torch.float32)
-    acc_buf = q.new_empty(q.shape[0], chunks * dim, dtype=torch.float32)
+    ml_buf, acc_buf = CONSTANTS.scratch(kv_lens, kv_starts, q.shape[0], chunks, dim, q.device)
     with _launching(q):
-        kernel(q, k, v, bias, out, ml_buf, acc_buf)
+        kernel(q, k, v, bias, spans, out, ml_buf, acc_buf)
     # rows (kv head, q head in group, position) -> [b, s, q_heads * d]
     out = out.reshape(batch, q_heads, seq, dim).transpose(1, 2)
     return out.reshape(batch, seq, q_heads * dim)
 
 
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
-    """attention_core with the lengths read from the model's attention mask, once per forward."""
-    kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
-    return attention_core(query, key_cache, value_cache, kv_lens, scale)
+    """attention_core with each sequence's range read from the model's attention mask, once per forward."""
+    kv_starts, kv_lens = decode_lengths.LENGTHS.get(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)

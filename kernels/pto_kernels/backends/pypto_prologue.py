@@ -13,7 +13,7 @@ import torch
 
 from ..tiling import tile_budget
 from ..tiling.tile_table import tile_config
-from . import fused
+from . import fused, reference
 from .pypto_blocks import _block_tiles
 from .pypto_kernels import (
     _check_half_blocks,
@@ -440,9 +440,12 @@ def attention_prologue_mixed(
 def attention_prologue_cached(*args):
     """attention_prologue (reference.attention_prologue_cached's arguments) that also writes k and v into a
     static cache at the given position and, with `advance`, advances the position by the row, in the same
-    kernel: q. One new row (batch-1 decode) only."""
+    kernel: q. The kernel writes one row (batch-1 decode); a batch runs the prologue's kernel, then the
+    writes (and the advance, once) as transformers makes them."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, mrope_section, head_dim) = prologue_args
+    if x.shape[0] != 1:
+        return reference.prologue_cached(attention_prologue, args)
     mixed_cos, mixed_sin = _mixed_tables(x, cos, sin, mrope_section, head_dim)
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
     cache = (key_cache, value_cache, position, advance)
@@ -450,9 +453,11 @@ def attention_prologue_cached(*args):
 
 
 def attention_prologue_mixed_cached(*args):
-    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel."""
+    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel (batch 1)."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, head_dim) = prologue_args
+    if x.shape[0] != 1:
+        return reference.prologue_cached(attention_prologue_mixed, args)
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
     cache = (key_cache, value_cache, position, advance)
     return _prologue(x, norm_w, eps, projections, cos, sin, head_dim, cache)

@@ -284,15 +284,23 @@ def attention_prologue_mixed_cached(*args) -> torch.Tensor:
 # The attention core at decode: the new rows' attention over a static KV cache, as transformers computes it.
 
 
-def decode_positions_allowed(kv_lens: torch.Tensor, rows: int, cache_len: int) -> torch.Tensor:
+def decode_positions_allowed(
+    kv_lens: torch.Tensor, rows: int, cache_len: int, kv_starts: torch.Tensor | None = None
+) -> torch.Tensor:
     """[b, rows, cache_len] bool: row i of sequence b (its rows are the last `rows` of its kv_lens[b] valid
-    positions) sees cache positions j <= kv_lens[b] - rows + i, causal among the new rows."""
-    positions = torch.arange(cache_len, device=kv_lens.device)
-    last = kv_lens.reshape(-1, 1, 1) - rows + torch.arange(rows, device=kv_lens.device).reshape(1, -1, 1)
-    return positions.reshape(1, 1, -1) <= last
+    positions, which begin at kv_starts[b], 0 when not given) sees cache positions kv_starts[b] <= j <=
+    kv_starts[b] + kv_lens[b] - rows + i, causal among the new rows."""
+    positions = torch.arange(cache_len, device=kv_lens.device).reshape(1, 1, -1)
+    first = torch.zeros_like(kv_lens) if kv_starts is None else kv_starts.to(kv_lens.dtype)
+    last = (
+        (first + kv_lens).reshape(-1, 1, 1)
+        - rows
+        + torch.arange(rows, device=kv_lens.device).reshape(1, -1, 1)
+    )
+    return (positions <= last) & (positions >= first.reshape(-1, 1, 1))
 
 
-def check_attention_core(query, key_cache, value_cache, kv_lens) -> None:
+def check_attention_core(query, key_cache, value_cache, kv_lens, kv_starts=None) -> None:
     """The op's contract, checked on every backend: shapes, GQA grouping and lengths (raises ValueError)."""
     if query.dim() != 4 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise ValueError(
@@ -306,6 +314,10 @@ def check_attention_core(query, key_cache, value_cache, kv_lens) -> None:
         )
     if tuple(kv_lens.shape) != (batch,) or kv_lens.dtype.is_floating_point:
         raise ValueError(f"attention_core takes kv_lens as [{batch}] integers, not {tuple(kv_lens.shape)}")
+    if kv_starts is not None and (tuple(kv_starts.shape) != (batch,) or kv_starts.dtype.is_floating_point):
+        raise ValueError(
+            f"attention_core takes kv_starts as [{batch}] integers, not {tuple(kv_starts.shape)}"
+        )
 
 
 def attention_core(
@@ -314,20 +326,22 @@ def attention_core(
     value_cache: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float,
+    kv_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The attention core of a decode step, transformers' eager attention: the `rows` new query rows of each
-    sequence over its first kv_lens[b] cache positions (causal among the new rows), scores in the query's
-    dtype scaled by `scale`, masked with the dtype's minimum, softmax in fp32 rounded back, times V.
+    sequence over its kv_lens[b] valid cache positions from kv_starts[b] (left padding before them; 0 when
+    not given), causal among the new rows, scores in the query's dtype scaled by `scale`, masked with the
+    dtype's minimum, softmax in fp32 rounded back, times V.
 
     query [b, q_heads, rows, d]; key_cache / value_cache [b, kv_heads, cache_len, d] (the static cache,
-    already holding the new rows' keys and values); kv_lens [b] integers. Returns [b, rows, q_heads * d]
-    (what o_proj takes)."""
-    check_attention_core(query, key_cache, value_cache, kv_lens)
+    already holding the new rows' keys and values); kv_lens, kv_starts [b] integers. Returns
+    [b, rows, q_heads * d] (what o_proj takes)."""
+    check_attention_core(query, key_cache, value_cache, kv_lens, kv_starts)
     batch, q_heads, rows, dim = query.shape
     groups = q_heads // key_cache.shape[1]
     keys = key_cache.repeat_interleave(groups, dim=1)  # transformers' repeat_kv
     values = value_cache.repeat_interleave(groups, dim=1)
-    allowed = decode_positions_allowed(kv_lens, rows, key_cache.shape[2])[:, None]
+    allowed = decode_positions_allowed(kv_lens, rows, key_cache.shape[2], kv_starts)[:, None]
     mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
     mask = mask.masked_fill(~allowed, torch.finfo(query.dtype).min)
     scores = torch.matmul(query, keys.transpose(2, 3)) * scale + mask
@@ -337,7 +351,7 @@ def attention_core(
 
 
 def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
-    """attention_core with each sequence's length read from the attention mask the model built
-    (decode_lengths.count; uncached: this is also the op's fake, run on fake tensors)."""
-    kv_lens = decode_lengths.count(attention_mask, key_cache)
-    return attention_core(query, key_cache, value_cache, kv_lens, scale)
+    """attention_core with each sequence's range (start, length) read from the attention mask the model
+    built (decode_lengths.ranges; uncached: this is also the op's fake, run on fake tensors)."""
+    kv_starts, kv_lens = decode_lengths.ranges(attention_mask, key_cache)
+    return attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)

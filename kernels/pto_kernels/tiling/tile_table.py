@@ -2,7 +2,7 @@
 
 The kernels in pypto_kernels.py read their tiling from `TILE_TABLE`; no tile constant lives in a kernel
 body. The entries were chosen by a search under PyPTO's SIM cost model (benchmarks/tile_search.py); the
-measured candidates are kept next to this file in tile_search.json. Every entry is run through PyPTO's
+measured candidates are kept in the repository's benchmarks/tile_search.json. Every entry is run through PyPTO's
 CPU interpreter against float64 references by tests/kernels/test_kernels_pypto.py.
 
 Shape classes: "one_row" for a call of exactly 1 row where an op has such an entry, "decode" for calls of

@@ -87,17 +87,19 @@ def bench(
     """Baseline vs PTO per batch size: latency, tokens/s, peak memory, and the bandwidth floor."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
+    from pto_patch.cli.progress_display import phases_shown
     from pto_patch.run.bench import BenchOptions, run_bench
     from pto_patch.run.ocr.options import BENCH_OUTPUT_LENGTH, split_ocr_options
 
     ocr_options = split_ocr_options(
         parameters, plain_output_length=BenchOptions.output_length, ocr_output_length=BENCH_OUTPUT_LENGTH
     )
-    if ocr_options.ocr:
-        from pto_patch.run.ocr.bench import run_page_bench
+    with phases_shown("bench", as_json=as_json):
+        if ocr_options.ocr:
+            from pto_patch.run.ocr.bench import run_page_bench
 
-        result = run_page_bench(as_options(BenchOptions, parameters), ocr_options)
-    else:
-        result = run_bench(as_options(BenchOptions, parameters))
+            result = run_page_bench(as_options(BenchOptions, parameters), ocr_options)
+        else:
+            result = run_bench(as_options(BenchOptions, parameters))
     render.show(result, as_json=as_json)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(render.exit_code(result))

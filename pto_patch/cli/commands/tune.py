@@ -81,4 +81,4 @@ def tune(
     with tune_render.progress(options.budget_s) as on_run:
         result = run_tune(options, on_run=on_run)
     render.show(result, as_json=as_json)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(render.exit_code(result))

@@ -56,7 +56,8 @@ def verify(
         typer.Option(
             "--use_pto",
             "--use-pto",
-            help="Compare the kernels on with off (the default; the reference's flag).",
+            help="The reference script's flag, accepted and changing nothing: verify compares the kernels "
+            "on with off unless --baseline-only (with which it is a usage error).",
         ),
     ] = False,
     baseline_only: Annotated[
@@ -130,6 +131,7 @@ def verify(
     """Run the patched model with the kernels off, then on; check it computes the same, and time it."""
     parameters = dict(locals())  # first, so it holds the parameters only
     from pto_patch.cli import render
+    from pto_patch.cli.progress_display import phases_shown
     from pto_patch.run.ocr.options import VERIFY_OUTPUT_LENGTH, split_ocr_options
     from pto_patch.run.verify import VerifyOptions, run_verify
     from pto_patch.serving.vllm_verify import check_engine, run_vllm_verify
@@ -138,15 +140,16 @@ def verify(
         parameters, plain_output_length=VerifyOptions.output_length, ocr_output_length=VERIFY_OUTPUT_LENGTH
     )
     check_engine(parameters.pop("engine"), multiprocessing)
-    if ocr_options.ocr:
-        from pto_patch.run.ocr.verify import run_ocr_verify
+    with phases_shown("verify", as_json=as_json):
+        if ocr_options.ocr:
+            from pto_patch.run.ocr.verify import run_ocr_verify
 
-        parameters.pop("multiprocessing")
-        report = run_ocr_verify(as_options(VerifyOptions, parameters), ocr_options)
-    elif engine == "vllm":
-        report = run_vllm_verify(parameters)
-    else:
-        parameters.pop("multiprocessing")
-        report = run_verify(as_options(VerifyOptions, parameters))
+            parameters.pop("multiprocessing")
+            report = run_ocr_verify(as_options(VerifyOptions, parameters), ocr_options)
+        elif engine == "vllm":
+            report = run_vllm_verify(parameters)
+        else:
+            parameters.pop("multiprocessing")
+            report = run_verify(as_options(VerifyOptions, parameters))
     render.show(report, as_json=as_json)
-    raise typer.Exit(report.exit_code)
+    raise typer.Exit(render.exit_code(report))

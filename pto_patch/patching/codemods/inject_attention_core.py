@@ -1,9 +1,10 @@
 """The attention_core op: a decode step's attention over the KV cache, in place of the attention function.
 
 The decoder layer tells its attention to use the op; the attention calls it instead of its attention
-function (eager or sdpa) when the call is a decode of one sequence (batch 1, at most 16 new rows: a
-longer or batched call runs the model's own, whose mask may hold left padding the op does not take) and
-the layer attends over the whole cache (a sliding-window layer runs the model's own).
+function (eager or sdpa) when the call is a decode step (at most 16 new rows a sequence, at any batch: each
+sequence's range of the cache, left padding included, is read from the mask) and the layer attends over
+the whole cache (a sliding-window layer runs the model's own). The op's wrapper hands back None for a mask
+that is not one range a sequence (a hole inside one), and the attention then runs its own function.
 The KV-cache update before it and o_proj after it stay as written. With the switch off both run as
 written.
 
@@ -32,17 +33,13 @@ After (the decoder layer's forward gets the guard at its top):
         def forward(self, hidden_states, attention_mask, ..., **kwargs):
             pto_attention_core = kwargs.pop("pto_attention_core", False)
             ...
-            if (
-                pto_attention_core
-                and query_states.shape[0] == 1
-                and query_states.shape[2] <= 16
-                and not getattr(self, "sliding_window", None)
-            ):
+            attn_output = None
+            if pto_attention_core and query_states.shape[2] <= 16 and not getattr(self, "sliding_window", None):
                 attn_output = sys.modules["pto_kernels"].attention_core_model_wrapper(
                     self, query_states, key_states, value_states, attention_mask
                 )
                 attn_weights = None
-            else:
+            if attn_output is None:
                 attn_output, attn_weights = attention_interface(...)
 """
 

@@ -9,9 +9,12 @@ whether the torch / torch_npu pair it finds is one that torch_npu publishes.
 Sources (read 2026-12-03):
 - PUBLISHED: the torch-npu releases on PyPI (`pip index versions torch-npu`); each one's torch is the
   release its version starts with (`2.9.0.post2` -> torch 2.9.0), as its setup.py / wheel metadata pin.
-- CANN: Ascend/pytorch `docs/zh/release_notes/related_product_version_compatibility_notes.md` (table 1,
-  Ascend Extension for PyTorch 7.3.0): CANN 8.5.0 with 2.6.0.post5, 2.7.1.post2, 2.8.0.post2 and 2.9.0.
-  Releases that table does not list have no CANN entry here (None), not a guess.
+- CANN: Ascend/pytorch `COMPATIBILITY.md` (master, commit bcfb2c8e, 2026-08-10; read 2026-12-06), its
+  "TorchNPU 版本配套表" (the active releases) and the history table under it, the rows of releases PyPI
+  publishes: e.g. 2.12.0, 2.11.0, 2.10.0.post4, 2.9.0.post6 and 2.7.1.post8 -> CANN 9.1.0; 2.9.0.post2,
+  2.8.0.post4 and 2.7.1.post4 -> 9.0.0; 2.9.0 and 2.6.0.post5 -> 8.5.0. Releases that file does not list
+  (2.13.0 and 2.14.0 among them: its SUPPORT.md has 2.14.0 as planned, unpublished) have no CANN entry here
+  (None), not a guess.
 """
 
 from __future__ import annotations
@@ -35,11 +38,15 @@ PUBLISHED: tuple[str, ...] = (
     "2.14.0",
 )  # fmt: skip
 CANN: dict[str, str] = {
-    "2.6.0.post5": "8.5.0",
-    "2.7.1.post2": "8.5.0",
-    "2.8.0.post2": "8.5.0",
-    "2.9.0": "8.5.0",
-}
+    "2.12.0": "9.1.0", "2.11.0": "9.1.0", "2.10.0.post4": "9.1.0", "2.9.0.post6": "9.1.0", "2.7.1.post8": "9.1.0",
+    "2.9.0.post2": "9.0.0", "2.8.0.post4": "9.0.0", "2.7.1.post4": "9.0.0",
+    "2.9.0": "8.5.0", "2.8.0.post2": "8.5.0", "2.7.1.post2": "8.5.0", "2.6.0.post5": "8.5.0",
+    "2.8.0": "8.3.RC1", "2.7.1": "8.3.RC1", "2.6.0.post3": "8.3.RC1", "2.1.0.post17": "8.3.RC1",
+    "2.6.0": "8.2.RC1", "2.5.1.post1": "8.2.RC1", "2.1.0.post13": "8.2.RC1",
+    "2.5.1": "8.1.RC1", "2.4.0.post4": "8.1.RC1", "2.3.1.post6": "8.1.RC1", "2.1.0.post12": "8.1.RC1",
+    "2.4.0.post2": "8.0.0", "2.3.1.post4": "8.0.0", "2.1.0.post10": "8.0.0",
+    "2.4.0": "8.0.RC3", "2.3.1.post2": "8.0.RC3", "2.1.0.post8": "8.0.RC3",  # the history table
+}  # fmt: skip
 
 
 def _base(release: str) -> str | None:

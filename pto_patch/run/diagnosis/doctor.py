@@ -29,7 +29,9 @@ from typing import Any
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED, PtoPatchError
 from pto_patch.resources import kernels_dir
 from pto_patch.run import device as devices
+from pto_patch.run.diagnosis import device_checks
 from pto_patch.run.diagnosis.ascend_pairs import check_pair
+from pto_patch.run.diagnosis.device_checks import DeviceCheck
 
 KERNEL_PACKAGE = "pto_kernels"
 # GutenOCR-3B's text decoder (rootsautomation/GutenOCR-3B config.json)
@@ -77,10 +79,11 @@ class DoctorReport:
     checks: list[OpCheck] = field(default_factory=list)
     kernels_path: str | None = None
     seconds: float = 0.0
+    device_checks: list[DeviceCheck] = field(default_factory=list)  # what a first 910B run must check
 
     @property
     def passed(self) -> bool:
-        return all(check.status == "ok" for check in self.checks if check.status != "not run")
+        return all(check.status in ("ok", "not run") for check in (*self.checks, *self.device_checks))
 
     @property
     def exit_code(self) -> int:
@@ -91,6 +94,10 @@ class DoctorReport:
         return [
             f"{c.op} on {c.backend}: {c.status}" + (f" ({c.reason})" if c.reason else "")
             for c in self.checks
+            if c.status not in ("ok", "not run")
+        ] + [
+            f"device check {c.name} on {c.backend}: {c.status}" + (f" ({c.reason})" if c.reason else "")
+            for c in self.device_checks
             if c.status not in ("ok", "not run")
         ]
 
@@ -110,6 +117,7 @@ class DoctorReport:
                 "backends": self.backends,
                 "kernels_path": self.kernels_path,
                 "checks": self.checks,
+                "device_checks": self.device_checks,
                 "failures": self.failures,
                 "seconds": self.seconds,
             },
@@ -305,15 +313,9 @@ def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
             m["attention"], m["norm"], i["hidden_states"], i["cos"], i["sin"], list(SECTION)
         )
     if op == "attention_prologue_cached":  # the first token, into copies of the caches at CORE_VALID
-        attention, row = m["attention"], slice(0, 1)
-        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
         caches = (i["key_cache"].clone(), i["value_cache"].clone())
         position = i["position"].clone()  # a 5.8+ layer's own length: the op advances it by the row
-        query = kernels.ops.attention_prologue_cached(
-            i["hidden_states"][:, row], m["norm"].weight, EPS, q.weight, q.bias, k.weight, k.bias,
-            v.weight, v.bias, i["cos"][:, :, row], i["sin"][:, :, row], list(SECTION), WIDTHS["head_dim"],
-            *caches, position, True,
-        )  # fmt: skip
+        query = device_checks.prologue_cached(kernels, m, i | _prologue_settings(), caches, position)
         at = CORE_VALID  # q and the rows written: the rest of the caches would dilute the error
         return query, caches[0][:, :, at], caches[1][:, :, at], _Length(position)
     if op == "attention_core":
@@ -322,6 +324,10 @@ def _call(kernels, op: str, m: dict[str, Any], i: dict[str, Any]):
             i["query"], i["key_cache"], i["value_cache"], i["kv_lens"], scale
         )
     raise ValueError(op)
+
+
+def _prologue_settings() -> dict[str, Any]:  # read at call time: the tests narrow the widths
+    return {"eps": EPS, "section": SECTION}
 
 
 def _flat(torch, output) -> Any:
@@ -433,6 +439,15 @@ def run_doctor(device: str | None, dtype_name: str, with_pypto: bool, tokens: in
                 continue
             calls = 0 if backend == "pypto" and choice.kind == "cpu" else TIMED_CALLS  # the interpreter: once
             report.checks.append(check_op(kernels, op, backend, expected, here, given, target, dtype, calls))
+    if choice.kind == "npu":
+        settings = given | _prologue_settings()
+        report.device_checks = device_checks.run_all(
+            kernels, here, settings, "pypto", TOLERANCE[report.dtype]
+        )
+    else:
+        report.device_checks = device_checks.not_run(
+            f"no NPU here ({choice.name}): it needs a 910B with torch_npu's npugraph_ex, CANN and pypto"
+        )
     prepared = _part(kernels, "backends.pypto_device").prepared()
     if prepared is not None:
         report.pypto["prepared"] = prepared.to_json()

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from pto_patch.run.graph import cache_state
+
 # Granularity of the static cache length: at most 255 unused positions per sequence (decode attention
 # spans the whole cache), and prompts within one bucket share a cache and its capture.
 CACHE_BUCKET = 256
@@ -82,8 +84,10 @@ class CaptureRecord:
 
     torch_npu's npugraph_ex and torchair's reduce-overhead capture on the first call of a graph, with no
     eager run before (`AclConcreteGraph(..., num_warmup_iters=0)`): whatever the graph launches must exist
-    by then. So one eager decode step runs first (`primed`), with the same switches and the same static
-    cache (the compiled step then writes the same cache slot again): every kernel it needs is built there.
+    by then. So one eager decode step runs first (`primed`), with the same switches over the same cache:
+    every kernel it needs is built there, and the cache is put back as it was after it (`cache_state.kept`:
+    transformers 5.4+ advance a static layer's length per step, a dynamic layer appends), so the capture
+    and the generation see the cache they would have seen without the priming.
     """
 
     key: str
@@ -225,9 +229,6 @@ class GraphDecode:
         """Size the caches for generations of up to `new_tokens`, so warm-ups and timed runs share them."""
         self._reserved = max(self._reserved, new_tokens)
 
-    def cache_lengths(self) -> list[int]:
-        return sorted({length for _, length in self._caches})
-
     @contextmanager
     def generation(self, input_ids, new_tokens: int) -> Iterator[dict[str, Any]]:
         """One generate() call: yields the keyword arguments it needs (the reset static cache)."""
@@ -274,8 +275,9 @@ class GraphDecode:
         """The first compiled call for a key and switches: an eager step first, then the capture, counted."""
         self._captured.add((self._key, switches))
         start = _kernel_counts(self.kernels)
-        if self.prime:  # builds every kernel the step runs; the capture then rewrites its cache slot
-            self.eager(*args, **kwargs)
+        if self.prime:  # builds every kernel the step runs, and leaves the cache as it found it
+            with cache_state.kept(_cache_in(args, kwargs)):
+                self.eager(*args, **kwargs)
         primed = _kernel_counts(self.kernels)
         seen = len(self.graph_ops.graphs) if self.graph_ops is not None else 0
         before = _unique_graphs()
@@ -304,6 +306,15 @@ class GraphDecode:
             )
         )
         return out
+
+
+def _cache_in(args, kwargs):
+    """The transformers cache a forward call was handed (None: it was handed none)."""
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:
+        return None
+    return next((value for value in (*args, *kwargs.values()) if isinstance(value, Cache)), None)
 
 
 def installed(model) -> GraphDecode | None:

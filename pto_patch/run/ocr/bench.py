@@ -18,20 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import image_inputs
+from pto_patch.run import image_inputs, progress
 from pto_patch.run.bench import BenchOptions
 from pto_patch.run.device import synchronize
 from pto_patch.run.generation import WARMUP_NEW_TOKENS, generate, warmup_runs
-from pto_patch.run.graph.compiling import apply_compile
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import repeat_for_batch
 from pto_patch.run.loading import LoadedModel, versions
+from pto_patch.run.modes import KernelModes, modes_for
 from pto_patch.run.ocr.options import OcrOptions
 from pto_patch.run.ocr.pages import load_pages
 from pto_patch.run.ocr.plot import write_time_plot
 from pto_patch.run.ocr.report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
 from pto_patch.run.ocr.scoring import TASKS
-from pto_patch.run.ocr.verify import RANDOM_VOCABULARY_BELOW
-from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
 from pto_patch.run.options import parse_batches
 from pto_patch.run.report_folder import run_reports_place
 from pto_patch.run.start import plan_run, start_run
@@ -130,8 +129,8 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     )
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
-    compiled = apply_compile(loaded.model, options, warnings)
-    kernels = loaded.kernels
+    compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
+    watch = CompileWatch(compiled) if compiled is not None else None
     lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
     visual = vision_module(loaded.model)
     if visual is None:
@@ -147,25 +146,12 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     switched_all: list[str] = []
     backends = []
     for batch in batches:
-        switched_on, table = choose_ops(
-            plan.ops,
-            loaded.spec,
-            loaded.state,
-            batch,
-            options.use_dynamic_config,
-            tuning=lookup.tuning if lookup else None,
-        )
-        backend = backend_for(table, options.kernel_backend)
-        backends.append(describe_backend(backend))
-        switched_all += [op for op in switched_on if op not in switched_all]
-        switches = {
-            "baseline": kernels.disable,
-            "pto": lambda ops=switched_on, b=backend: set_switches(kernels, ops, b),
-        }
-        kernels.disable()
-        kernels.reset_stats()
-        try:
-            for page in pages:
+        modes = KernelModes(loaded.kernels, modes_for(plan, loaded, batch, options, lookup), watch)
+        backends.append(describe_backend(modes.choice.backend))
+        switched_all += [op for op in modes.choice.switched_on if op not in switched_all]
+        with modes.timed() as switches:
+            for index, page in enumerate(pages):
+                progress.phase(f"batch {batch}: page {page.name} ({index + 1} of {len(pages)})")
                 started_at = time.perf_counter()
                 single = image_inputs.build_inputs(
                     folder, TASK.prompt, page.image, tokenizer=loaded.tokenizer, image_processor=processor
@@ -187,21 +173,17 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
                     runs.append(
                         _page_run(page.name, batch, name, rows, image_tokens, prompt_tokens, preprocess_s)
                     )
-        finally:
-            stats = kernels.stats()
-            kernels.disable()
-        ops = op_reports(stats, switched_on, loaded.text_layers)
-        more_failures, more_warnings = op_failures(ops, strict=False)
-        failures += [f"batch {batch}: {message}" for message in more_failures]
-        warnings += [f"batch {batch}: {message}" for message in more_warnings]
+        ops = modes.batch_checks(batch, loaded.text_layers, failures, warnings)
 
-    random_weights = len(loaded.tokenizer) < RANDOM_VOCABULARY_BELOW
+    compilation = finish_watch(watch, failures, warnings)
+    random_weights = loaded.random_weights
     notes = [PAGE_TIME_NOTE]
     if random_weights:
         notes.append(
             RANDOM_WEIGHTS_NOTE.split(":")[0]
             + ": its timing holds for its widths and layer count only, never for GutenOCR-3B's"
         )
+    failures += started.folder_changes()  # a restore or edit meanwhile fails the run
     result = PageBenchResult(
         model_path=str(folder),
         device=loaded.device.name,
@@ -221,9 +203,10 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
         kernel_backend=backends[0] if len(set(backends)) == 1 else "per-batch",
         ops=ops,
         options={**options.to_json(), "pages": None if ocr.pages is None else str(ocr.pages)},
+        compilation=compilation,
     )
     if ocr.plot is not None:
-        write_time_plot(result.runs, Path(ocr.plot))
-        result.plot = str(ocr.plot)
+        if write_time_plot(result.runs, Path(ocr.plot)):  # else kept in the cache: the CLI names where
+            result.plot = str(ocr.plot)
     result.files.append(str(place.write(place.make(), PAGE_BENCH_FILE, result.to_json())))
     return result

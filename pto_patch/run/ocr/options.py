@@ -33,9 +33,37 @@ def _usage(message: str, hint: str) -> PtoPatchError:
     return PtoPatchError(message, hint, exit_code=EXIT_USAGE)
 
 
-def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
+def outside_pages(path: Path, flag: str, pages: Path) -> None:
+    """The pages folder holds the run's pages and their truths: nothing is written there."""
+    from pto_patch.run.user_files import outside_model_folder
+
+    try:
+        outside_model_folder(path, flag, pages)
+    except UsageError as exc:
+        raise UsageError(
+            f"{flag} {path} lies in the --pages folder {Path(pages).resolve()}, whose files this run reads",
+            f"write {flag} outside the pages folder",
+        ) from exc
+
+
+def _model_folder(parameters: dict[str, Any]) -> Path | None:
+    """The model folder the run will read, where it can be named yet; else None (plan_run says why)."""
+    from pto_patch.model.folder import resolve_model_folder
+    from pto_patch.model.spec import load_spec
+
+    try:
+        return resolve_model_folder(
+            parameters.get("model_path"), load_spec(parameters.get("model") or "gutenocr_3b")
+        )
+    except PtoPatchError:
+        return None
+
+
+def check_written_files(
+    report_file: Path | None, options: OcrOptions, model_folder: Path | None = None
+) -> None:
     """Every file a verify will write (--report-file, --save-outputs, --plot), checked with what it reads
-    (run/user_files.check_target), before anything loads."""
+    (run/user_files.check_target: the model folder, the saved answers, the pages), before anything loads."""
     from pto_patch.run.user_files import check_target, same_file
 
     inputs = {"--against-outputs": options.against_outputs}
@@ -46,7 +74,9 @@ def check_written_files(report_file: Path | None, options: OcrOptions) -> None:
     )
     for flag, path in written:
         if path is not None:
-            check_target(Path(path), flag, inputs)
+            if options.pages is not None:
+                outside_pages(Path(path), flag, Path(options.pages))
+            check_target(Path(path), flag, inputs, model_folder=model_folder)
     given = [(flag, Path(path)) for flag, path in written if path is not None]
     for index, (flag, path) in enumerate(given):
         for other_flag, other in given[index + 1 :]:
@@ -101,7 +131,7 @@ def split_ocr_options(
         if parameters.get("engine", "transformers") != "transformers":
             raise _usage("--ocr runs on the transformers engine only", "drop --engine")
     # every file the run will write, for every verify path and bench --ocr, before anything loads
-    check_written_files(parameters.get("report_file"), options)
+    check_written_files(parameters.get("report_file"), options, _model_folder(parameters))
     if parameters.get("output_length") is None:
         parameters["output_length"] = ocr_output_length if options.ocr else plain_output_length
     return options

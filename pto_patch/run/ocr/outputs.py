@@ -11,24 +11,24 @@ atomically: a reader sees the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model import input_files
+from pto_patch.patching.weights_digest import weights_digest
 from pto_patch.run.ocr.pages import Page, load_json_text
 from pto_patch.run.ocr.scoring import TASK_NAMES
 
 KIND = "pto-patch-ocr-answers"
-FORMAT_VERSION = 2  # 2: weights_digest; a version 1 file (none) is read only with --other-weights
-READS = (1, 2)
-MODES = ("baseline", "pto")
-DIGEST_SAMPLES = 16  # per weight file, spread evenly over its tensor bytes
-DIGEST_SAMPLE_BYTES = 4096
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
+# 3: weights_digest is the full digest of every weight byte (patching.weights_digest); 2 held a sampled one,
+# and a version 1 file none: either is read only with --other-weights.
+FORMAT_VERSION = 3
+READS = (1, 2, 3)
+MODES = ("reference", "baseline", "pto")  # reference: the unpatched model, eager, free-running
+MAX_ANSWERS_BYTES = 256 * 1024 * 1024  # ~1,000x the answers of the bundled pages
 
 
 @dataclass(frozen=True)
@@ -61,30 +61,8 @@ def weight_files(folder: Path) -> dict[str, int]:
     return {path.name: path.stat().st_size for path in sorted(Path(folder).glob("*.safetensors"))}
 
 
-def weights_digest(folder: Path) -> str | None:
-    """sha256 over each weight file's name, size, safetensors header (every tensor's name, dtype, shape
-    and offsets) and 16 samples of 4 KiB spread over its tensor bytes: another checkpoint of the same
-    shapes differs in its bytes, and this reads ~64 KiB a file, not the gigabytes. None: no weight file."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for path in files:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            digest.update(f"{path.name}\0{size}\0".encode())
-            length = int.from_bytes(handle.read(8), "little")
-            length = length if 0 < length <= min(MAX_HEADER_BYTES, max(size - 8, 0)) else 0
-            digest.update(handle.read(length))
-            start = 8 + length
-            span = max(size - start, 0)
-            for index in range(DIGEST_SAMPLES):
-                handle.seek(start + span * index // DIGEST_SAMPLES)
-                digest.update(handle.read(min(DIGEST_SAMPLE_BYTES, span)))
-    return digest.hexdigest()
-
-
-def save_answers(path: Path, header: dict[str, Any], pages: list[Page], readings) -> None:
+def save_answers(path: Path, header: dict[str, Any], pages: list[Page], readings) -> bool:
+    """The answers file; False where the write failed and it was kept in the cache (run/kept_results)."""
     from pto_patch.run.user_files import write_user_file
 
     document = {
@@ -105,7 +83,7 @@ def save_answers(path: Path, header: dict[str, Any], pages: list[Page], readings
         ],
     }
     data = (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
-    write_user_file(Path(path), data, "--save-outputs")
+    return write_user_file(Path(path), data, "--save-outputs")
 
 
 def _bad(
@@ -137,13 +115,17 @@ def _answer(item: Any) -> tuple[tuple[str, str, str], SavedAnswer] | str:
 def check_weights(saved: SavedRun, folder: Path, other_weights: bool) -> str | None:
     """Refuse answers saved from other weights than `folder`'s unless `other_weights`; then a warning."""
     recorded, here = saved.header.get("weights_digest"), weights_digest(folder)
-    if recorded == here and recorded is not None:
+    sampled = saved.header.get("format_version") == 2
+    if recorded == here and recorded is not None and not sampled:
         return None
-    why = (
-        "it was saved without a weights digest (an older pto-patch)"
-        if recorded is None
-        else f"it was read with other weights (digest {str(recorded)[:12]}, here {str(here)[:12]})"
-    )
+    if recorded is None:
+        why = "it was saved without a weights digest (an older pto-patch)"
+    elif sampled:
+        why = (
+            "its weights digest is a sample of the bytes (an older pto-patch), which other weights can match"
+        )
+    else:
+        why = f"it was read with other weights (digest {str(recorded)[:12]}, here {str(here)[:12]})"
     if not other_weights:
         raise _bad(
             saved.path,
@@ -157,7 +139,7 @@ def load_answers(path: Path, pages: list[Page]) -> SavedRun:
     """A saved run's answers for exactly `pages`; anything else is a usage error, before any model load."""
     path = Path(path)
     try:
-        document = load_json_text(path.read_text(encoding="utf-8-sig"))
+        document = load_json_text(input_files.read_bytes(path, MAX_ANSWERS_BYTES).decode("utf-8-sig"))
     except FileNotFoundError as exc:
         raise _bad(path, "no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:

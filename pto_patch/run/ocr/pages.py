@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model import input_files
 
 PAGE_SIZE = (1232, 1596)
 MARGIN = 112
@@ -31,6 +32,9 @@ TITLE_SIZE = 36
 LINE_GAP = 1.45  # line pitch, times the body size
 COLUMN_GAP = 56
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+MAX_TRUTH_BYTES = 64 * 1024 * 1024  # a truth file: a page's text, or its lines with boxes
+MAX_PAGES = 10_000  # pages in one --pages folder (streamed; each read by every task in both modes)
+MAX_LINES = 10_000  # truth lines (boxes) of one page: the bundled pages hold tens
 MAX_TEXT2D_BLANK_LINES = 1  # runs of empty rows collapse to one blank line, as in GutenOCR's TEXT2D
 
 
@@ -300,7 +304,9 @@ def _bad(message: str, hint: str) -> PtoPatchError:
 def _read_text(path: Path) -> str:
     """A truth file's text; a byte-order mark is no character of the truth."""
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return input_files.read_bytes(path, MAX_TRUTH_BYTES).decode("utf-8-sig")
+    except input_files.UnreadableInput as exc:
+        raise _bad(f"--pages: {exc}", "pass a truth file of plain text or JSON, within the limit") from exc
     except UnicodeDecodeError as exc:
         raise _bad(f"--pages: {path} is not UTF-8 text", "save the truth as UTF-8") from exc
     except OSError as exc:
@@ -369,6 +375,11 @@ def _read_lines(path: Path, size: tuple[int, int]) -> list[Line]:
         raise _bad(f"--pages: {path} is not JSON ({exc})", hint) from exc
     if not isinstance(data, list):
         raise _bad(f"--pages: {path} holds no list of lines", hint)
+    if len(data) > MAX_LINES:
+        raise _bad(
+            f"--pages: {path} holds {len(data):,} lines, past the {MAX_LINES:,} a page may have",
+            "split the page, or keep its lines under the limit",
+        )
     lines = []
     for index, item in enumerate(data):
         problem, line = _line_problem(item, size)
@@ -448,9 +459,18 @@ def load_pages(folder: Path | None) -> list[Page]:
     layout_hint = "put NAME.png with NAME.txt (and optionally NAME.lines.json) in the folder"
     if not folder.is_dir():
         raise _bad(f"--pages {folder} is not a folder", layout_hint)
+    for entry in sorted(folder.iterdir()):  # a page or truth that is a FIFO or a device is never opened
+        if problem := input_files.special_file_problem(entry):
+            if not entry.is_dir():
+                raise _bad(f"--pages: {problem}", "keep only page images and their truth files there")
     images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
         raise _bad(f"--pages {folder} holds no .png, .jpg or .jpeg page", layout_hint)
+    if len(images) > MAX_PAGES:
+        raise _bad(
+            f"--pages {folder} holds {len(images):,} pages, past the {MAX_PAGES:,} one run reads",
+            "split the pages into folders of fewer and run once per folder",
+        )
     names = [p.stem for p in images]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:

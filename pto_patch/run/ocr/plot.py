@@ -60,10 +60,11 @@ def draw_time_plot(runs):
     return image
 
 
-def write_time_plot(runs, path: Path) -> None:
-    """Write the picture as a PNG, atomically (a reader never sees half a file)."""
+def write_time_plot(runs, path: Path) -> bool:
+    """Write the picture as a PNG, atomically (a reader never sees half a file); False where the write
+    failed and it was kept in the cache (run/kept_results)."""
     from pto_patch.run.user_files import write_user_file
 
     buffer = io.BytesIO()
     draw_time_plot(runs).save(buffer, format="PNG")
-    write_user_file(Path(path), buffer.getvalue(), "--plot")
+    return write_user_file(Path(path), buffer.getvalue(), "--plot")

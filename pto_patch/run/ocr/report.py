@@ -11,7 +11,7 @@ from pto_patch.run.report import SCHEMA_VERSION, LoadInfo, OpReport, Verdict
 
 RANDOM_WEIGHTS_NOTE = (
     "this model's weights are random (a make-tiny model): its scores against the truth mean nothing; "
-    "only the mechanics and the PTO-vs-baseline comparison do"
+    "only the mechanics and the step judgement against the unpatched model do"
 )
 TRUTH_NOTE = "scores against the truth mean something only for a trained checkpoint (GutenOCR-3B, ...)"
 
@@ -32,6 +32,7 @@ class Reading:
     truncated: bool  # it stopped at --output_length, not at the end of its answer
     score: Score
     seconds: float | None = None
+    judged: Any = None  # run.judging.RunJudgement: this reading's steps against the reference's
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class Reading:
             "truncated": self.truncated,
             "seconds": _round(self.seconds, 3),
             "answer": self.answer,
+            "judged": None if self.judged is None else self.judged.to_json(),
         }
 
 
@@ -126,6 +128,12 @@ class OcrVerifyReport(Verdict):
     against_outputs: dict[str, Any] | None = None  # the trusted run's device, dtype, versions, file
     options: dict[str, Any] = field(default_factory=dict)
     compared: bool = False  # baseline and PTO both read the pages and were compared (not --baseline-only)
+    mode: str | None = (
+        None  # what the two judged runs share: eager, torch.compile (X), graph decode, ACL graph
+    )
+    rule: str | None = None  # the step rule in words
+    reference: dict[str, Any] | None = None  # what the reference was, its load and generation seconds
+    compilation: dict[str, Any] | None = None
 
     def modes(self) -> list[str]:
         return list(dict.fromkeys(reading.mode for reading in self.readings))
@@ -137,6 +145,9 @@ class OcrVerifyReport(Verdict):
             "ocr": True,
             "passed": self.stated_verdict,
             "compared": self.compared,
+            "mode": self.mode,
+            "rule": self.rule,
+            "reference": self.reference,
             "failures": list(self.failures),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -161,6 +172,7 @@ class OcrVerifyReport(Verdict):
             "ops": {op: report.to_json() for op, report in self.ops.items()},
             "saved_outputs": self.saved_outputs,
             "against_outputs": self.against_outputs,
+            "compilation": self.compilation,
             "options": dict(self.options),
         }
 
@@ -256,6 +268,9 @@ class PageBenchResult(Verdict):
     plot: str | None = None
     files: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    compilation: dict[str, Any] | None = (
+        None  # with --use_compile or --use_acl_graph: what compiled, per mode
+    )
 
     def pairs(self) -> list[tuple[PageRun, PageRun]]:
         """(baseline, pto) per page and batch size, in run order."""
@@ -311,5 +326,6 @@ class PageBenchResult(Verdict):
             "ops": {op: report.to_json() for op, report in self.ops.items()},
             "plot": self.plot,
             "files": list(self.files),
+            "compilation": self.compilation,
             "options": dict(self.options),
         }

@@ -146,11 +146,10 @@ def iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
 
 
 def match_boxes(found: list[Line], truth: list[Line], threshold: float = IOU_THRESHOLD) -> int:
-    """How many found boxes match a truth box one to one (greedy by IoU, at least `threshold`)."""
-    pairs = sorted(
-        ((iou(f.bbox, t.bbox), i, j) for i, f in enumerate(found) for j, t in enumerate(truth)),
-        reverse=True,
-    )
+    """How many found boxes match a truth box one to one (greedy by IoU, at least `threshold`). Only the
+    pairs that overlap enough are kept: a page of many boxes costs their count, never a list of every pair."""
+    overlaps = ((iou(f.bbox, t.bbox), i, j) for i, f in enumerate(found) for j, t in enumerate(truth))
+    pairs = sorted((pair for pair in overlaps if pair[0] >= threshold), reverse=True)
     used_found, used_truth, matched = set(), set(), 0
     for overlap, i, j in pairs:
         if overlap < threshold:

@@ -1,22 +1,30 @@
-"""`verify --ocr`: read every page with GutenOCR's tasks, baseline then PTO, and score both against the truth.
+"""`verify --ocr`: read every page with GutenOCR's tasks and judge both modes against the unpatched model.
 
-Each (page, task) is read once per mode, greedily, until the answer ends or reaches --output_length.
-PTO mode fails the run (exit 3) when it reads measurably worse than the baseline on the same device:
+The unpatched model, eager (`run.reference`), reads every (page, task) first: its answers and, per
+generated step, its top scores. Then the patched folder reads the same (page, task)s in the asked mode
+with its kernels off (the mode's baseline) and on (PTO), each teacher-forced on the reference's tokens,
+every step judged as plain verify judges it (`run.modes.judge_cases`): a mode whose baseline differs from
+the eager model fails naming the mode, a PTO run that differs fails naming the kernels, each with the
+page, the task and the first failing step. Exit 3.
+
+Beside the step rule, each run's own greedy choices are read as its answer and scored against the truth
+of the page; a run fails too when it reads measurably worse than the reference:
 
 - one reading's CER rises by more than `READING_CER_MARGIN` (0.05): a kernel that breaks one kind
   of page or task shows there even when the others hide it;
 - the mean CER over all readings rises by more than `MEAN_CER_MARGIN` (0.01);
 - fewer LINES answers parse, or the mean box F1 falls by more than `BOX_F1_MARGIN` (0.05).
 
-Why these margins: both modes compute the same function up to rounding, so most answers come out
-token for token the same; where a near-tie flips one greedy token, the rest of the answer can shift
-by a word or so, and one word (5 - 10 characters) on a page of 300 - 800 characters is a CER change
-of 0.01 - 0.03, either way. A kernel that computes something else changes most tokens of an answer
-(the tests' sabotaged RMSNorm: CER 0 -> above 1). The margins sit between; they are not yet
-calibrated on a trained checkpoint in bf16 on a 910B.
+Why these margins: runs that compute the same function up to rounding mostly choose the reference's
+tokens; where a near-tie flips one greedy choice, one word (5 - 10 characters) on a page of 300 - 800
+characters is a CER change of 0.01 - 0.03, either way. A kernel that computes something else changes most
+tokens of an answer (the tests' sabotaged RMSNorm: CER 0 -> above 1). The margins sit between; they are not
+yet calibrated on a trained checkpoint in bf16 on a 910B. With a random-weight model the CER means nothing
+and only the step rule decides.
 
-With --against-outputs the same rules compare this run with a trusted device's saved answers: each
-mode here against the trusted baseline, scored against the truth of the same pages.
+With --against-outputs the same CER rules compare this run with a trusted device's saved answers: each
+mode here against the trusted baseline, scored against the truth of the same pages. With --baseline-only
+the folder reads the pages once, kernels off, free-running, and nothing is judged.
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pto_patch.patching.tuning_file import describe_backend, lookup_for_run
-from pto_patch.run import image_inputs
-from pto_patch.run.generation import generate
-from pto_patch.run.graph.compiling import apply_compile
+from pto_patch.run import image_inputs, progress
+from pto_patch.run.generation import generate, tolerances
+from pto_patch.run.graph.compiling import CompileWatch, apply_compile, finish_watch
 from pto_patch.run.inputs import repeat_for_batch
+from pto_patch.run.judging import TRACE_TOP_K
 from pto_patch.run.loading import LoadedModel, versions
+from pto_patch.run.modes import BASELINE, PTO, JudgedCase, KernelModes, judge_cases, modes_for
 from pto_patch.run.ocr.options import OcrOptions
 from pto_patch.run.ocr.outputs import (
     SavedRun,
@@ -55,16 +65,14 @@ from pto_patch.run.ocr.scoring import (
     normalise_text2d,
     score_answer,
 )
-from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.reference import open_reference
 from pto_patch.run.report import write_report
 from pto_patch.run.start import plan_run, start_run
-from pto_patch.run.verification import VerifyOptions, compares
+from pto_patch.run.verification import VERDICT_RULE, VerifyOptions, compares, run_label
 
 READING_CER_MARGIN = 0.05
 MEAN_CER_MARGIN = 0.01
 BOX_F1_MARGIN = 0.05
-# make-tiny's tokenizer has a few hundred tokens; every trained Qwen2.5-VL checkpoint has 151,000+.
-RANDOM_VOCABULARY_BELOW = 1000
 POOR_BASELINE_CER = 0.5
 
 MARGINS = {
@@ -144,6 +152,36 @@ def worse_than_reference(
     return failures
 
 
+def page_inputs(loaded: LoadedModel, page: Page, task, image_processor, image=None):
+    """The model's inputs for one page read with one task (the page decoded now unless `image` is given)."""
+    return repeat_for_batch(
+        image_inputs.build_inputs(
+            loaded.folder,
+            task.prompt,
+            page.image if image is None else image,
+            tokenizer=loaded.tokenizer,
+            image_processor=image_processor,
+        ),
+        1,
+        loaded.device,
+    )
+
+
+def reading_of(
+    page: Page, task, mode: str, answer: str, new_tokens: int, output_length: int, **more
+) -> Reading:
+    return Reading(
+        page=page.name,
+        task=task.name,
+        mode=mode,
+        answer=answer,
+        new_tokens=new_tokens,
+        truncated=new_tokens >= output_length,
+        score=score_answer(task.name, answer, page),
+        **more,
+    )
+
+
 def read_pages(
     loaded: LoadedModel,
     pages: list[Page],
@@ -151,8 +189,10 @@ def read_pages(
     output_length: int,
     image_processor,
     input_sizes: dict[str, tuple[int, int]] | None = None,
+    read=None,
 ) -> list[Reading]:
-    """Every page with every task, in the mode the kernels are switched to now.
+    """Every page with every task, greedily, free-running, in the mode the kernels are switched to now
+    (`read(page, task, inputs)`, where given, generates instead and returns (answer, new_tokens, more)).
 
     A page is decoded once, read with each task, and let go before the next: memory does not grow
     with the number of pages. `input_sizes` gets the (width, height) the model saw each page at.
@@ -161,37 +201,71 @@ def read_pages(
     for page in pages:
         image = page.image
         for task in TASKS:
-            inputs = image_inputs.build_inputs(
-                loaded.folder,
-                task.prompt,
-                image,
-                tokenizer=loaded.tokenizer,
-                image_processor=image_processor,
-            )
+            inputs = page_inputs(loaded, page, task, image_processor, image)
             if input_sizes is not None and "image_grid_thw" in inputs:
                 input_sizes[page.name] = model_input_size(inputs["image_grid_thw"][0], image_processor)
-            run = generate(
-                loaded,
-                repeat_for_batch(inputs, 1, loaded.device),
-                output_length,
-                fixed_length=False,
-                logits=False,
-            )
-            answer = loaded.tokenizer.decode(run.new_tokens[0], skip_special_tokens=True)
-            new_tokens = int(run.new_tokens.shape[1])
+            if read is not None:
+                answer, new_tokens, more = read(page, task, inputs)
+            else:
+                run = generate(loaded, inputs, output_length, fixed_length=False, logits=False)
+                answer = loaded.tokenizer.decode(run.new_tokens[0], skip_special_tokens=True)
+                new_tokens, more = int(run.new_tokens.shape[1]), {"seconds": run.seconds}
+            readings.append(reading_of(page, task, mode, answer, new_tokens, output_length, **more))
+        del image
+    return readings
+
+
+def read_reference(plan, pages: list[Page], output_length: int, input_sizes: dict[str, tuple[int, int]]):
+    """The unpatched model, eager, reads every (page, task): its readings (mode `reference`), each
+    generation (its step trace) by (page, task), and what the reference was."""
+    generations = {}
+    with open_reference(plan) as reference:
+        processor = _image_processor(reference.folder)
+
+        def read(page, task, inputs):
+            progress.phase(f"the reference reads page {page.name}, {task.name}")
+            generation = reference.generate(inputs, output_length)
+            generations[(page.name, task.name)] = generation
+            return generation.texts[0], int(generation.new_tokens.shape[1]), {"seconds": generation.seconds}
+
+        readings = read_pages(reference, pages, "reference", output_length, processor, input_sizes, read=read)
+        described = reference.describe()
+    return readings, generations, described
+
+
+def judged_readings(loaded, pages, generations, modes, options, failures, label):
+    """Both modes on every (page, task), teacher-forced on the reference's tokens and judged at every step;
+    each run's own greedy choices read as its answer."""
+    processor = _image_processor(loaded.folder)
+    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
+    keys = [(page, task) for page in pages for task in TASKS]
+    cases = [
+        JudgedCase(
+            lambda page=page, task=task: page_inputs(loaded, page, task, processor),
+            generations[(page.name, task.name)],
+            f"page {page.name}, {task.name}",
+        )
+        for page, task in keys
+    ]
+    judged = judge_cases(loaded, cases, modes, atol, rtol, failures, label)
+    readings = []
+    for run in (BASELINE, PTO):
+        for (page, task), judgement, case in zip(keys, judged[run], cases, strict=True):
+            choices = judgement.choices
+            answer = "" if choices is None else loaded.tokenizer.decode(choices[0], skip_special_tokens=True)
+            new_tokens = int(case.reference.new_tokens.shape[1])
             readings.append(
-                Reading(
-                    page=page.name,
-                    task=task.name,
-                    mode=mode,
-                    answer=answer,
-                    new_tokens=new_tokens,
-                    truncated=new_tokens >= output_length,
-                    score=score_answer(task.name, answer, page),
-                    seconds=run.seconds,
+                reading_of(
+                    page,
+                    task,
+                    run,
+                    answer,
+                    new_tokens,
+                    options.output_length,
+                    seconds=judgement.seconds,
+                    judged=judgement,
                 )
             )
-        del image
     return readings
 
 
@@ -258,47 +332,39 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     use_pto = compares(options)  # verify's own decision: PTO is compared unless --baseline-only
     plan = plan_run(options, batch=1, use_pto=use_pto)
     weights_warning = check_weights(saved, plan.folder, ocr.other_weights) if saved is not None else None
+    input_sizes: dict[str, tuple[int, int]] = {}
+    readings: list[Reading] = []
+    generations: dict = {}
+    reference_info = None
+    if use_pto:  # the truth first, and let go before the patched model loads
+        readings, generations, reference_info = read_reference(
+            plan, pages, options.output_length, input_sizes
+        )
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     if weights_warning is not None:
         warnings.append(weights_warning)
-    compiled = apply_compile(loaded.model, options, warnings)
-    kernels = loaded.kernels
+    compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
+    label = run_label(compiled)
     switched_on: tuple[str, ...] = ()
     kernel_backend = None
+    modes = watch = None
     if use_pto:
         lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
-        switched_on, table = choose_ops(
-            plan.ops,
-            loaded.spec,
-            loaded.state,
-            1,
-            options.use_dynamic_config,
-            tuning=lookup.tuning if lookup else None,
-        )
-        kernel_backend = backend_for(table, options.kernel_backend)
-    processor = _image_processor(loaded.folder)
-
-    if kernels is not None:
-        kernels.disable()
-        kernels.reset_stats()
-    input_sizes: dict[str, tuple[int, int]] = {}
-    readings = read_pages(loaded, pages, "baseline", options.output_length, processor, input_sizes)
-    stats = {}
-    if kernels is not None:
-        stray = {op: entry["calls"] for op, entry in kernels.stats().items() if entry.get("calls")}
-        if stray:
-            failures.append(f"kernels ran with every switch off: {stray}")
-        kernels.reset_stats()
-    if use_pto:
-        try:
-            set_switches(kernels, switched_on, kernel_backend)
-            readings += read_pages(loaded, pages, "pto", options.output_length, processor)
-        finally:
-            stats = kernels.stats()
+        choice = modes_for(plan, loaded, 1, options, lookup)
+        switched_on, kernel_backend = choice.switched_on, choice.backend
+        watch = CompileWatch(compiled) if compiled is not None else None
+        modes = KernelModes(loaded.kernels, choice, watch)
+        readings += judged_readings(loaded, pages, generations, modes, options, failures, label)
+    else:
+        kernels = loaded.kernels
+        if kernels is not None:
             kernels.disable()
+        processor = _image_processor(loaded.folder)
+        readings = read_pages(loaded, pages, BASELINE, options.output_length, processor, input_sizes)
 
-    random_weights = len(loaded.tokenizer) < RANDOM_VOCABULARY_BELOW
+    random_weights = loaded.random_weights
+    failures += started.folder_changes()  # a restore or edit meanwhile fails the run
     report = OcrVerifyReport(
         model_path=str(loaded.folder),
         device=loaded.device.name,
@@ -325,15 +391,20 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
             f"the image processor resized page(s) {', '.join(resized)}: LINES boxes are scored in the page's "
             "pixels, so if the model answers in the resized image's pixels its box F1 is too low"
         )
-    baseline = [r for r in readings if r.mode == "baseline"]
+    baseline = [r for r in readings if r.mode == BASELINE]
     if use_pto:
-        report.ops = op_reports(stats, switched_on, loaded.text_layers)
-        more_failures, more_warnings = op_failures(report.ops, options.strict)
+        report.ops, more_failures, more_warnings = modes.op_checks(options.strict, loaded.text_layers)
         report.failures += more_failures
         report.warnings += more_warnings
-        comparisons, worse = compare_readings(baseline, [r for r in readings if r.mode == "pto"], "baseline")
-        report.comparisons += comparisons
-        report.failures += worse
+        report.mode = label
+        report.rule = VERDICT_RULE.format(k=TRACE_TOP_K) + f", on every (page, task) ({len(generations)})"
+        report.reference = reference_info
+        truth = [r for r in readings if r.mode == "reference"]
+        for run in (BASELINE, PTO):
+            comparisons, worse = compare_readings(truth, [r for r in readings if r.mode == run], "reference")
+            report.comparisons += comparisons
+            report.failures += worse
+        baseline = truth  # the CER warnings below speak of what the model reads
         if not switched_on:
             report.warnings.append("no op was switched on, so the PTO run equals the baseline")
     else:
@@ -358,8 +429,10 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         for mode in report.modes():
             if mode.startswith("trusted"):
                 continue
+            # the trusted device's own eager reading where its file has one, else its baseline
+            trusted_mode = "reference" if "reference" in trusted else "baseline"
             comparisons, worse = compare_readings(
-                trusted["baseline"], [r for r in readings if r.mode == mode], "trusted baseline"
+                trusted[trusted_mode], [r for r in readings if r.mode == mode], f"trusted {trusted_mode}"
             )
             report.comparisons += comparisons
             report.failures += worse
@@ -385,10 +458,12 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
             "versions": report.versions,
             "output_length": options.output_length,
         }
-        save_answers(
+        if save_answers(
             ocr.save_outputs, header, pages, [r for r in readings if not r.mode.startswith("trusted")]
-        )
-        report.saved_outputs = str(ocr.save_outputs)
+        ):  # else kept in the cache: the CLI names where
+            report.saved_outputs = str(ocr.save_outputs)
+    # Nothing compiles after the judged runs: the watch closes here, its verdict after the other checks'.
+    report.compilation = finish_watch(watch, report.failures, report.warnings)
     if options.report_file is not None:
         write_report(report.to_json(), options.report_file)
     return report

@@ -1,0 +1,223 @@
+"""The truth of every verify: the unpatched model, eager, on the same inputs, dtype and device.
+
+A patched folder's own baseline (its kernels switched off) runs the patched modeling file and, in a
+compiled or captured mode, the compiler; a fault either brings to both of a mode's runs cannot be seen by
+comparing them with each other. So every comparing run first loads the model as it was before apply
+(`unpatched_view`: the folder's files as a folder of links, with what apply added left out and what it
+modified taken from its backup, checked against the manifest's hash; an overlay's source folder as it
+is), generates greedily with no compile and no kernel package, and keeps each step's top scores
+(`judging.StepTrace`). The mode's runs are then judged against that trace, step by step.
+
+The view holds no copy of the weights; the reference model is let go (`Reference.close`) before the
+patched one loads, so peak memory stays one model's. Its generations are kept between runs under a key
+of everything they depend on (`run.reference_cache`): a second verify of the same folder and inputs
+loads no reference.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pto_patch.errors import ModelFolderError
+from pto_patch.patching.fileio import sha256_file
+from pto_patch.patching.manifest import MANIFEST_DIR
+from pto_patch.patching.overlay_record import record_of
+from pto_patch.patching.patch_state import patch_state
+from pto_patch.run import progress
+from pto_patch.run.device import empty_cache, synchronize
+from pto_patch.run.judging import ReferenceGeneration, TraceRecorder
+from pto_patch.run.loading import LoadedModel
+
+VIEW_SUFFIX = "-unpatched"  # the view's folder name: transformers names a folder's remote code after it
+
+
+def _original_entries(folder: Path) -> tuple[dict[str, Path], set[str]] | Path:
+    """For an in-place patch: (path -> where its original bytes lie, for modified files; added paths).
+    For an overlay: its source folder."""
+    state = patch_state(folder)
+    if not state.patched:
+        raise ModelFolderError(
+            f"{folder} is not patched: there is no unpatched model to take as the reference apart from itself",
+            f"run `pto-patch apply --model-path {folder}` first",
+        )
+    manifest = state.manifest
+    overlay = record_of(folder, manifest)
+    if overlay is not None:
+        return Path(overlay.source)
+    modified: dict[str, Path] = {}
+    added: set[str] = set()
+    for record in manifest.files:
+        if record.action == "added":
+            added.add(record.path)
+            continue
+        if record.symlink_target is not None:
+            modified[record.path] = (folder / record.path).parent / record.symlink_target
+            continue
+        backup = folder / record.backup if record.backup else None
+        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
+            raise ModelFolderError(
+                f"{folder}: the backup of {record.path} is missing or not what stood there before apply, "
+                "so the unpatched model cannot be rebuilt as the reference",
+                f"run `pto-patch status --model-path {folder}`; a folder downloaded again and patched again has one",
+            )
+        modified[record.path] = backup
+    return modified, added
+
+
+def _link_tree(source: Path, target: Path, prefix: str, modified: dict[str, Path], added: set[str]) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(os.listdir(source)):
+        relative = f"{prefix}{entry}"
+        if not prefix and entry == MANIFEST_DIR:
+            continue
+        if relative in added:
+            continue
+        if relative in modified:
+            os.symlink(os.path.abspath(modified[relative]), target / entry)
+            continue
+        below = f"{relative}/"
+        path = source / entry
+        if path.is_dir() and not path.is_symlink() and any(p.startswith(below) for p in (*modified, *added)):
+            _link_tree(path, target / entry, below, modified, added)
+            if not any((target / entry).iterdir()):
+                (target / entry).rmdir()  # a folder apply added (pto_kernels/)
+            continue
+        os.symlink(os.path.abspath(path), target / entry)
+
+
+@contextmanager
+def unpatched_view(folder: Path) -> Iterator[Path]:
+    """A temporary folder that holds `folder` as it was before apply (links, no copies), removed after."""
+    folder = Path(folder).resolve()
+    originals = _original_entries(folder)
+    if isinstance(originals, Path):  # an overlay: its source is the unpatched model
+        yield originals
+        return
+    modified, added = originals
+    holder = Path(tempfile.mkdtemp(prefix="pto-patch-reference-"))
+    try:
+        view = holder / f"{folder.name}{VIEW_SUFFIX}"
+        _link_tree(folder, view, "", modified, added)
+        yield view
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
+class Reference:
+    """The unpatched model, eager; `generate` gives a trace to judge runs against. The model loads at the
+    first generation the cache does not hold (`run.reference_cache`): a run whose every generation was
+    kept loads none. Its tokenizer, folder, spec and device encode the inputs (as a LoadedModel's do)."""
+
+    def __init__(self, spec, device, dtype: str, view: Path):
+        from transformers import AutoTokenizer
+
+        from pto_patch.run import reference_cache
+        from pto_patch.run.device import dtype_key
+        from pto_patch.run.judging import TRACE_TOP_K
+        from pto_patch.run.loading import versions
+
+        self.view, self.dtype = view, dtype
+        self.folder, self.spec, self.device = view, spec, device
+        self.tokenizer = AutoTokenizer.from_pretrained(view)
+        self._loaded: LoadedModel | None = None
+        self.generations = self.kept = 0
+        self.seconds = 0.0
+        self.identity = (
+            reference_cache.identity(
+                view, dtype_key(dtype), device.name, versions(), TRACE_TOP_K
+            )
+            if reference_cache.enabled()
+            else None
+        )
+
+    @property
+    def loaded(self) -> LoadedModel:
+        if self._loaded is None:
+            from pto_patch.run import loading
+
+            progress.phase("loading the unpatched model (the reference)")
+            self._loaded = loading.load_model(
+                self.spec,
+                self.view,
+                self.device,
+                self.dtype,
+                use_pto=False,
+                allow_modified=False,
+            )
+        return self._loaded
+
+    @property
+    def load_s(self) -> float:
+        return self._loaded.load_s if self._loaded is not None else 0.0
+
+    def generate(self, inputs, new_tokens: int) -> ReferenceGeneration:
+        from pto_patch.run import reference_cache
+
+        key = reference_cache.input_key(self.identity, inputs, new_tokens) if self.identity else None
+        kept = reference_cache.load(key) if key else None
+        if kept is not None:
+            self.kept += 1
+            return kept
+        generation = self._generate(inputs, new_tokens)
+        if key:
+            reference_cache.keep(key, generation)
+        return generation
+
+    def _generate(self, inputs, new_tokens: int) -> ReferenceGeneration:
+        from pto_patch.run.generation import eos_ids, generate
+
+        loaded = self.loaded
+        recorder = TraceRecorder()
+        started = time.perf_counter()
+        run = generate(loaded, inputs, new_tokens, fixed_length=False, logits=False, processor=recorder)
+        self.seconds += time.perf_counter() - started
+        self.generations += 1
+        trace = recorder.finish(run.new_tokens, eos_ids(loaded.tokenizer, loaded.model))
+        texts = loaded.tokenizer.batch_decode(run.new_tokens, skip_special_tokens=True)
+        return ReferenceGeneration(run.new_tokens, texts, trace, run.seconds)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "what": "the unpatched model (the folder as before apply), eager, no kernel package, no compile",
+            "load_s": round(self.load_s, 4),
+            "generations": self.generations,
+            "kept": self.kept,  # generations taken from the reference cache (run.reference_cache)
+            "seconds": round(self.seconds, 4),
+        }
+
+    def close(self) -> None:
+        """Let the model go, so the patched one loads into its memory."""
+        if self._loaded is None:
+            return
+        device = self._loaded.device
+        self._loaded.model = None
+        self._loaded = None
+        gc.collect()
+        synchronize(device)
+        empty_cache(device)
+
+
+@contextmanager
+def open_reference(plan) -> Iterator[Reference]:
+    """Load the planned folder's unpatched model (plan: `run.start.RunPlan`) for the length of the block."""
+    from pto_patch.patching import folder_lock
+    from pto_patch.run.folder import check_folder
+
+    options = plan.options
+    with folder_lock.shared(plan.folder):
+        # half-patched, drifted or unpatched folders are refused with their own message first
+        check_folder(plan.folder, use_pto=True, allow_modified=options.allow_modified)
+    with folder_lock.shared(plan.folder), unpatched_view(plan.folder) as view:
+        reference = Reference(plan.spec, plan.device, options.dtype, view)
+        try:
+            yield reference
+        finally:
+            reference.close()
