@@ -116,4 +116,4 @@ def test_a_kept_generation_comes_back_with_every_field_of_its_trace(own_cache):
         want, got = getattr(trace, field.name), getattr(kept.trace, field.name)
         assert len(got) == len(want), field.name
         for a, b in zip(want, got, strict=True):
-            assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), field.name
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field.name

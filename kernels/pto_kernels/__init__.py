@@ -64,6 +64,7 @@ __all__ = [
     "mlp_block_wrapper",
     "mrope_mixed_wrapper",
     "mrope_pto_correct",
+    "op_of",
     "reset_stats",
     "residual_rms_norm_wrapper",
     "rms_norm_wrapper",
@@ -185,6 +186,15 @@ def apply_tuning(source, batch_size: int, device=None, dtype=None) -> tuning.Bat
     else:
         disable()
     return choice
+
+
+def op_of(name: str) -> str:
+    """The op (as `stats()` and the switches name it) a dispatch entry or registered custom op runs:
+    mrope_mixed -> mrope, attention_prologue_cached_at -> attention_prologue."""
+    from pto_kernels import ops
+
+    entry = ops.ENTRY_OF.get(name, name)
+    return _dispatch._ENTRY_OP.get(entry, entry)
 
 
 def switched_on() -> tuple[str, ...]:

@@ -296,6 +296,11 @@ _OPS = {
     "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
 }
 NAMES = tuple(_OPS)
+# a custom op whose body is another dispatch entry's (the `_at` forms run the cached prologue's routes)
+ENTRY_OF = {
+    "attention_prologue_cached_at": "attention_prologue_cached",
+    "attention_prologue_mixed_cached_at": "attention_prologue_mixed_cached",
+}
 # ops that write into arguments of theirs (the static KV cache; the position where the op advances it), as
 # torch.library must be told
 _MUTATES = {

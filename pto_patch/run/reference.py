@@ -131,9 +131,7 @@ class Reference:
         self.generations = self.kept = 0
         self.seconds = 0.0
         self.identity = (
-            reference_cache.identity(
-                view, dtype_key(dtype), device.name, versions(), TRACE_TOP_K
-            )
+            reference_cache.identity(view, dtype_key(dtype), device.name, versions(), TRACE_TOP_K)
             if reference_cache.enabled()
             else None
         )

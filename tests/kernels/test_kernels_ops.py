@@ -66,6 +66,18 @@ def test_every_entry_is_a_registered_custom_op():
     assert not ops.registered("no_such_op")
 
 
+def test_every_custom_op_is_counted_under_an_op_the_stats_name():
+    """What a captured graph holds is read by custom-op name (graph decode's graph_ops): each one must
+    name an op of `stats()`, the `_at` cache-writing forms included (they counted as themselves, so a
+    graph of 4.57's static-cache decode seemed to hold no attention prologue)."""
+    counted = set(pto_kernels.stats())
+    assert {
+        name: pto_kernels.op_of(name) for name in ops.NAMES if pto_kernels.op_of(name) not in counted
+    } == {}
+    assert pto_kernels.op_of("attention_prologue_cached_at") == "attention_prologue"
+    assert pto_kernels.op_of("mrope_mixed") == "mrope"
+
+
 def _tensors(value) -> list:
     if isinstance(value, torch.Tensor):
         return [value]

@@ -287,11 +287,11 @@ class GraphDecode:
         graph_ops = None
         if self.graph_ops is not None and len(self.graph_ops.graphs) > seen:
             graph_ops = {}
-            # an entry counts under its op (mrope_mixed -> mrope), as the kernel stats do
-            entry_op = getattr(getattr(self.kernels, "_dispatch", None), "_ENTRY_OP", {})
+            # a custom op counts under its op (mrope_mixed -> mrope), as the kernel stats do
+            op_of = getattr(self.kernels, "op_of", str)
             for graph in self.graph_ops.graphs[seen:]:
                 for entry, count in graph.items():
-                    op = entry_op.get(entry, entry)
+                    op = op_of(entry)
                     graph_ops[op] = graph_ops.get(op, 0) + count
         self.captures.append(
             CaptureRecord(
