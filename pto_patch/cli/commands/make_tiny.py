@@ -35,8 +35,8 @@ def make_tiny(
 ) -> None:
     """Write a random-weight model of the spec's architecture, offline (for tests and the demo).
 
-    The MRoPE section is scaled with --hidden-size / --heads (vLLM's CPU attention needs head_dim >= 32:
-    --hidden-size 256 --heads 4 --kv-heads 2)."""
+    The MRoPE section is scaled with --hidden-size / --heads; keep head_dim (hidden / heads) at 32 or more:
+    vLLM's CPU attention and the PyPTO rotary kernels need it (the default is 128 / 4)."""
     from pto_patch.cli import render
     from pto_patch.hub import tiny_model
 
