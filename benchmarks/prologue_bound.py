@@ -142,7 +142,7 @@ def main() -> None:
         bench_sim.with_roofline(bench_sim.run_sim("attention_prologue", {"rows": 1}, args.timeout), soc)
     ]
     for epilogue in EPILOGUES:
-        params = {"rows": 1, "epilogue": epilogue}
+        params = {"rows": 1, "epilogue": epilogue, "probe": "prologue_bound"}  # bench_sim runs our sim_probe
         entries.append(
             bench_sim.with_roofline(bench_sim.run_sim("prologue_bound", params, args.timeout), soc)
         )
