@@ -59,14 +59,23 @@ def _row(model: str, dtype: str, backend: str, run: str, judgement) -> dict:
     }
 
 
-def measure(folder: Path, model: str, dtype: str, backend: str, steps: int) -> list[dict]:
+def measure(
+    folder: Path, model: str, dtype: str, backend: str, steps: int, compiled: bool = False
+) -> list[dict]:
     from pto_patch.run.verification import VerifyOptions, verify_model
 
     options = VerifyOptions(
-        model_path=folder, dtype=dtype, kernel_backend=backend, output_length=steps, warmup=0, iters=1
+        model_path=folder,
+        dtype=dtype,
+        kernel_backend=backend,
+        output_length=steps,
+        warmup=0,
+        iters=1,
+        use_compile=compiled,
     )
     report = verify_model(options)
-    rows = [_row(model, dtype, backend, run, judgement) for run, judgement in report.judged.items()]
+    mode = "inductor " if compiled else ""
+    rows = [_row(model, dtype, backend, mode + run, judgement) for run, judgement in report.judged.items()]
     for row in rows:
         row["failures"] = [failure for failure in report.failures if failure.startswith(row["run"])]
     return rows
@@ -82,20 +91,18 @@ def rounding(folder: Path, model: str, dtype: str, steps: int) -> dict:
     from pto_patch.run.device import resolve_device
     from pto_patch.run.generation import tolerances
     from pto_patch.run.inputs import encode_prompt
+    from pto_patch.run.modes import JudgedCase, judged_generation
     from pto_patch.run.reference import Reference, unpatched_view
-    from pto_patch.run.verification import judged_generation
 
     spec, device = load_spec("gutenocr_3b"), resolve_device("cpu")
     with unpatched_view(folder) as view:
-        exact = Reference(
-            loading.load_model(spec, view, device, "fp32", use_pto=False, allow_modified=False), view
-        )
-        inputs, _ = encode_prompt(exact.loaded, None, None, False)
+        exact = Reference(spec, device, "fp32", view)
+        inputs, _ = encode_prompt(exact, None, None, False)
         truth = exact.generate(inputs, steps)
         exact.close()
         low = loading.load_model(spec, view, device, dtype, use_pto=False, allow_modified=False)
         atol, rtol = tolerances(dtype, None, None)
-        judgement = judged_generation(low, inputs, truth, atol, rtol, "eager")
+        judgement = judged_generation(low, JudgedCase(inputs, truth), atol, rtol, "eager")
     return _row(model, dtype, "-", f"eager {dtype} vs fp32", judgement)
 
 
@@ -107,6 +114,9 @@ def main() -> int:
     parser.add_argument("--no-full-width", action="store_true", help="the tiny model only")
     parser.add_argument(
         "--rounding", action="store_true", help="also each dtype's eager run against the fp32 one"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="also verify --use_compile (inductor) in each dtype"
     )
     args = parser.parse_args()
     backends = [name.strip() for name in args.backends.split(",") if name.strip() and name.strip() != "none"]
@@ -124,9 +134,10 @@ def main() -> int:
                     _print(row)
             for dtype in DTYPES if backends else ():
                 for backend in backends:
-                    for row in measure(folder, model, dtype, backend, args.steps):
-                        rows.append(row)
-                        _print(row)
+                    for compiled in (False, True) if args.compile else (False,):
+                        for row in measure(folder, model, dtype, backend, args.steps, compiled):
+                            rows.append(row)
+                            _print(row)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0

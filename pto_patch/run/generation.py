@@ -19,11 +19,16 @@ from pto_patch.run.loading import LoadedModel
 from pto_patch.run.report import Accuracy, ModeMetrics
 
 WARMUP_NEW_TOKENS = 10  # each warm-up run, as in the reference
-# First-step logits pass when max|pto - base| <= atol + rtol * max|base| (per dtype, overridable).
+# A judged step passes when its score difference from the reference is at most atol + rtol * max|score|
+# (per dtype, overridable). What they must admit is a correct run that rounds at other places than eager
+# does (benchmarks/bench_tolerances.py, tiny model, 50 steps teacher-forced, docs/proving-it.md): in bf16
+# the unpatched model's own rounding against fp32 reaches 1.06 (0.09 x max|score|) and inductor against
+# eager 1.44 (0.12 x), so bf16's rtol is 0.15 (at 0.05 a correct bf16 --use_compile run failed); fp16's
+# rounding reaches 0.08 and inductor 0.11, within its 0.02 + 0.01 x max|score|.
 DEFAULT_TOLERANCES = {
     "float32": (1e-3, 1e-4),
     "float16": (2e-2, 1e-2),
-    "bfloat16": (1e-1, 5e-2),
+    "bfloat16": (1e-1, 1.5e-1),
 }
 
 
