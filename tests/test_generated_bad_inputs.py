@@ -203,6 +203,16 @@ def assert_one_clear_line(code: int, err: str, expected: int, case: str) -> None
     COUNTS["generated_clear"] += 1
 
 
+def _refuse_loading(monkeypatch) -> None:
+    """A case must be refused before the model loads: loading it fails the test."""
+    from pto_patch.run import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+
+
 def _run_case(case: str, root: Path, argv: list[str], expected: int, capsys) -> None:
     COUNTS["generated_cases"] += 1
     capsys.readouterr()
@@ -217,12 +227,7 @@ def _run_case(case: str, root: Path, argv: list[str], expected: int, capsys) -> 
 def test_a_spoiled_model_file_is_refused_before_the_load(
     tiny_template: Path, tmp_path: Path, capsys, monkeypatch, name: str, fault: str
 ):
-    from pto_patch.run import loading
-
-    def no_load(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(loading, "load_model", no_load)
+    _refuse_loading(monkeypatch)
     folder = _copy(tiny_template, tmp_path)
     FOLDER_FILES[name][fault](folder / name)
     _run_case(f"{name} {fault}", tmp_path, ["verify", "--model-path", str(folder)], EXIT_USAGE, capsys)
@@ -285,11 +290,7 @@ def _answers_fault_cases():
 def test_spoiled_saved_answers_are_one_line_before_the_load(
     tiny_template: Path, tmp_path: Path, capsys, monkeypatch, fault: str
 ):
-    from pto_patch.run import loading
-
-    monkeypatch.setattr(
-        loading, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
-    )
+    _refuse_loading(monkeypatch)
     folder = _copy(tiny_template, tmp_path)
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({"kind": "pto-patch-ocr-answers", "format_version": 3, "pages": {}}))
@@ -302,12 +303,9 @@ def test_spoiled_saved_answers_are_one_line_before_the_load(
 def test_a_spoiled_truth_file_is_one_line_before_the_load(
     tiny_template: Path, tmp_path: Path, capsys, monkeypatch, fault: str
 ):
-    from pto_patch.run import loading
     from pto_patch.run.ocr.pages import bundled_pages, write_pages
 
-    monkeypatch.setattr(
-        loading, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded"))
-    )
+    _refuse_loading(monkeypatch)
     folder = _copy(tiny_template, tmp_path)
     pages = tmp_path / "pages"
     pages.mkdir()

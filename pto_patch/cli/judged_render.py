@@ -37,12 +37,7 @@ def judged_text(report) -> None:
     names = {"baseline": f"{report.mode}, kernels off", "pto": f"{report.mode}, kernels on"}
     for run, judgement in report.judged.items():
         table.add_row(
-            names.get(run, run),
-            str(judgement.steps_judged),
-            f"{judgement.worst_diff:.4g}",
-            "-" if judgement.worst_step is None else str(judgement.worst_step),
-            f"{judgement.worst_tolerance:.4g}",
-            "pass" if judgement.passed else "[red]FAIL[/]",
+            names.get(run, run), *_judged_cells(judgement), "pass" if judgement.passed else "[red]FAIL[/]"
         )
     out.print(table)
     if report.rule:
@@ -120,10 +115,7 @@ def vllm_judged_text(report) -> None:
             where = f"{divergence} ({'near tie' if judgement.divergence_near_tie else 'no near tie'})"
         table.add_row(
             names.get(run, run),
-            str(judgement.steps_judged),
-            f"{judgement.worst_diff:.4g}",
-            "-" if judgement.worst_step is None else str(judgement.worst_step),
-            f"{judgement.worst_tolerance:.4g}",
+            *_judged_cells(judgement),
             where,
             "pass" if judgement.passed else "[red]FAIL[/]",
         )
@@ -131,3 +123,13 @@ def vllm_judged_text(report) -> None:
     out.print(f"  reference text: {reference.get('text', '')!r}", markup=False, highlight=False)
     if report.rule:
         out.print(f"  rule: {report.rule}", markup=False, highlight=False)
+
+
+def _judged_cells(judgement) -> list[str]:
+    """A judged run's steps, worst difference, its step and the tolerance there (both judged tables)."""
+    return [
+        str(judgement.steps_judged),
+        f"{judgement.worst_diff:.4g}",
+        "-" if judgement.worst_step is None else str(judgement.worst_step),
+        f"{judgement.worst_tolerance:.4g}",
+    ]
