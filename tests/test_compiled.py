@@ -416,15 +416,18 @@ def test_inductor_bounds_checks_are_turned_off_only_where_torch_miscompiles_them
 
     from pto_patch.run.graph.compiling import inductor_workarounds
 
-    monkeypatch.setattr(inductor, "assert_indirect_indexing", True)
-    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    assert inductor_workarounds("inductor", "cpu") == [] and inductor.assert_indirect_indexing is True
-    monkeypatch.setattr(torch, "__version__", "2.9.0+cu128")
-    assert inductor_workarounds("eager", "cpu") == [] and inductor_workarounds("inductor", "npu") == []
-    assert inductor.assert_indirect_indexing is True
-    (note,) = inductor_workarounds("inductor", "cpu")
-    assert note.startswith("torch 2.9.0+cu128: inductor's index bounds checks are off on the CPU")
-    assert inductor.assert_indirect_indexing is False
+    # the config's own patch, not monkeypatch: monkeypatch's undo of a torch config module deletes the
+    # setting (torch 2.13: every later inductor compile in the process then fails, "... does not exist")
+    with inductor.patch(assert_indirect_indexing=True):
+        monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+        assert inductor_workarounds("inductor", "cpu") == [] and inductor.assert_indirect_indexing is True
+        monkeypatch.setattr(torch, "__version__", "2.9.0+cu128")
+        assert inductor_workarounds("eager", "cpu") == [] and inductor_workarounds("inductor", "npu") == []
+        assert inductor.assert_indirect_indexing is True
+        (note,) = inductor_workarounds("inductor", "cpu")
+        assert note.startswith("torch 2.9.0+cu128: inductor's index bounds checks are off on the CPU")
+        assert inductor.assert_indirect_indexing is False
+    assert inductor.assert_indirect_indexing is True  # put back for the compiles after this test
 
 
 # pto-patch ARGV... in a fresh process with the skewing torch.compile backend registered first

@@ -152,6 +152,10 @@ def test_dtype_names_and_tolerances():
         resolve_dtype("int8")
     assert tolerances("fp32", None, None)[0] < tolerances("bf16", None, None)[0]
     assert tolerances("bf16", 0.5, None) == (0.5, DEFAULT_TOLERANCES["bfloat16"][1])
+    # a compiled bf16 run rounds at other places than eager: it alone gets the looser rtol
+    assert tolerances("bf16", None, None, compiled=True)[1] > tolerances("bf16", None, None)[1]
+    assert tolerances("fp32", None, None, compiled=True) == tolerances("fp32", None, None)
+    assert tolerances("bf16", None, 0.01, compiled=True)[1] == 0.01
 
 
 def test_an_unknown_dtype_is_a_usage_error_not_a_crash(patched_tiny: Path, capsys):

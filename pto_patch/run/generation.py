@@ -20,20 +20,29 @@ from pto_patch.run.report import Accuracy, ModeMetrics
 
 WARMUP_NEW_TOKENS = 10  # each warm-up run, as in the reference
 # A judged step passes when its score difference from the reference is at most atol + rtol * max|score|
-# (per dtype, overridable). What they must admit is a correct run that rounds at other places than eager
-# does (benchmarks/bench_tolerances.py, tiny model, 50 steps teacher-forced, docs/proving-it.md): in bf16
-# the unpatched model's own rounding against fp32 reaches 1.06 (0.09 x max|score|) and inductor against
-# eager 1.44 (0.12 x), so bf16's rtol is 0.15 (at 0.05 a correct bf16 --use_compile run failed); fp16's
-# rounding reaches 0.08 and inductor 0.11, within its 0.02 + 0.01 x max|score|.
+# (per dtype and mode, overridable). What they must admit is a correct run that rounds at other places than
+# eager does, and no more (benchmarks/bench_tolerances.py, tiny model, 50 steps teacher-forced,
+# docs/proving-it.md). In bf16 the unpatched model's own rounding against fp32 reaches 1.06 (0.09 x
+# max|score|): an eager run, whose kernels may keep fp32 where eager rounds to bf16, is judged at rtol 0.08;
+# inductor against eager reaches 1.44 (0.12 x), so a compiled run (torch.compile, graph decode, ACL graph,
+# a serving engine's compiled steps) is judged at 0.15 (at 0.05 a correct bf16 --use_compile run failed).
+# 0.08 still catches an mlp_block whose output is 1.25 x too large (0.11 x max|score| at its worst step),
+# which 0.15 passes. fp16's rounding reaches 0.08 and inductor 0.11, within its 0.02 + 0.01 x max|score|.
 DEFAULT_TOLERANCES = {
     "float32": (1e-3, 1e-4),
     "float16": (2e-2, 1e-2),
-    "bfloat16": (1e-1, 1.5e-1),
+    "bfloat16": (1e-1, 8e-2),
 }
+COMPILED_TOLERANCES = DEFAULT_TOLERANCES | {"bfloat16": (1e-1, 1.5e-1)}
 
 
-def tolerances(dtype_name: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
-    default_atol, default_rtol = DEFAULT_TOLERANCES[dtype_key(dtype_name)]
+def tolerances(
+    dtype_name: str, atol: float | None, rtol: float | None, compiled: bool = False
+) -> tuple[float, float]:
+    """The run's (atol, rtol): the options' where given, else the dtype's default for an eager or a
+    compiled run."""
+    table = COMPILED_TOLERANCES if compiled else DEFAULT_TOLERANCES
+    default_atol, default_rtol = table[dtype_key(dtype_name)]
     return (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
 
 

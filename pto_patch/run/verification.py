@@ -88,7 +88,6 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     folder, device = loaded.folder, loaded.device
-    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
     if not use_pto:
         ignored = [
             flag
@@ -105,6 +104,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
                 f"{', '.join(ignored)} only matter without --baseline-only; ran the baseline only"
             )
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)
+    atol, rtol = tolerances(options.dtype, options.atol, options.rtol, compiled=compiled is not None)
     if single is None:
         single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     inputs = repeat_for_batch(single, options.batch, device)

@@ -233,11 +233,11 @@ def read_reference(plan, pages: list[Page], output_length: int, input_sizes: dic
     return readings, generations, described
 
 
-def judged_readings(loaded, pages, generations, modes, options, failures, label):
+def judged_readings(loaded, pages, generations, modes, options, failures, label, compiled=False):
     """Both modes on every (page, task), teacher-forced on the reference's tokens and judged at every step;
     each run's own greedy choices read as its answer."""
     processor = _image_processor(loaded.folder)
-    atol, rtol = tolerances(options.dtype, options.atol, options.rtol)
+    atol, rtol = tolerances(options.dtype, options.atol, options.rtol, compiled)
     keys = [(page, task) for page in pages for task in TASKS]
     cases = [
         JudgedCase(
@@ -355,7 +355,9 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         switched_on, kernel_backend = choice.switched_on, choice.backend
         watch = CompileWatch(compiled) if compiled is not None else None
         modes = KernelModes(loaded.kernels, choice, watch)
-        readings += judged_readings(loaded, pages, generations, modes, options, failures, label)
+        readings += judged_readings(
+            loaded, pages, generations, modes, options, failures, label, compiled is not None
+        )
     else:
         kernels = loaded.kernels
         if kernels is not None:
