@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from . import _dispatch, ops, static_cache, tuning
+from . import _dispatch, entries, ops, static_cache, tuning
 from ._dispatch import BACKENDS, OPS, KernelFailedError, count_replays, reset_stats, stats
 from .backends import decode_lengths, reference
 from .ops import refuse_graph_mode as _refuse_graph_mode
@@ -93,21 +93,14 @@ _backends: dict[str, str] = dict.fromkeys(OPS, _dispatch.backend_from_env())
 _tracing = torch.compiler.is_compiling
 
 
+# kernel entry -> its bound route: the wrappers call `_routes[entry]` (one dict lookup, measured with
+# benchmarks/bench_dispatch.py), the custom ops' bodies the same dict (ops._run)
+_routes = _dispatch.ROUTES
+
+
 def _bind() -> None:
     """Route each entry for its op's backend now (every time a backend changes), never per call."""
-    global _rms_norm, _mrope, _mrope_mixed, _swiglu_mlp, _residual_rms_norm, _mlp_block
-    global _attention_prologue, _attention_prologue_mixed, _attention_core, _attention_core_masked
-    global _attention_prologue_cached, _attention_prologue_mixed_cached
-    routes = {entry: _dispatch.bind(entry, _backends[op]) for entry, op in _dispatch._ENTRY_OP.items()}
-    _dispatch.ROUTES.update(routes)
-    _rms_norm, _mrope, _mrope_mixed = routes["rms_norm"], routes["mrope"], routes["mrope_mixed"]
-    _swiglu_mlp = routes["swiglu_mlp"]
-    _residual_rms_norm, _mlp_block = routes["residual_rms_norm"], routes["mlp_block"]
-    _attention_prologue = routes["attention_prologue"]
-    _attention_prologue_mixed = routes["attention_prologue_mixed"]
-    _attention_prologue_cached = routes["attention_prologue_cached"]
-    _attention_prologue_mixed_cached = routes["attention_prologue_mixed_cached"]
-    _attention_core, _attention_core_masked = routes["attention_core"], routes["attention_core_masked"]
+    _routes.update({entry.name: _dispatch.bind(entry.name, _backends[entry.op]) for entry in entries.ENTRIES})
 
 
 _bind()
@@ -191,10 +184,7 @@ def apply_tuning(source, batch_size: int, device=None, dtype=None) -> tuning.Bat
 def op_of(name: str) -> str:
     """The op (as `stats()` and the switches name it) a dispatch entry or registered custom op runs:
     mrope_mixed -> mrope, attention_prologue_cached_at -> attention_prologue."""
-    from pto_kernels import ops
-
-    entry = ops.ENTRY_OF.get(name, name)
-    return _dispatch._ENTRY_OP.get(entry, entry)
+    return entries.op_of(name)
 
 
 def switched_on() -> tuple[str, ...]:
@@ -225,21 +215,21 @@ def rms_norm_wrapper(hidden_states, weight, eps: float = 1e-6):
     """RMSNorm over the last dim: weight * (x / sqrt(mean(x^2) + eps)), computed as transformers does."""
     if _tracing():
         return ops.rms_norm(hidden_states, weight, float(eps))
-    return _rms_norm(hidden_states, weight, eps)
+    return _routes["rms_norm"](hidden_states, weight, eps)
 
 
 def mrope_pto_correct(q, k, cos, sin, mrope_section, unsqueeze_dim: int = 1):
     """apply_multimodal_rotary_pos_emb (transformers <= 5.16): cos/sin are [3, b, s, d], unmixed."""
     if _tracing():
         return ops.mrope(q, k, cos, sin, [int(s) for s in mrope_section], int(unsqueeze_dim))
-    return _mrope(q, k, cos, sin, mrope_section, unsqueeze_dim)
+    return _routes["mrope"](q, k, cos, sin, mrope_section, unsqueeze_dim)
 
 
 def mrope_mixed_wrapper(q, k, cos, sin, unsqueeze_dim: int = 1):
     """apply_rotary_pos_emb (transformers 5.20+): cos/sin arrive section-mixed as [b, s, d]."""
     if _tracing():
         return ops.mrope_mixed(q, k, cos, sin, int(unsqueeze_dim))
-    return _mrope_mixed(q, k, cos, sin, unsqueeze_dim)
+    return _routes["mrope_mixed"](q, k, cos, sin, unsqueeze_dim)
 
 
 def swiglu_mlp_wrapper(mlp_module, hidden_states):
@@ -251,7 +241,7 @@ def swiglu_mlp_wrapper(mlp_module, hidden_states):
         return ops.swiglu_mlp(
             hidden_states, gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias
         )
-    return _swiglu_mlp(mlp_module, hidden_states)
+    return _routes["swiglu_mlp"](mlp_module, hidden_states)
 
 
 # Decoder-layer blocks. Each takes the modules the patched layer hands it and reads their weights per call.
@@ -269,7 +259,7 @@ def residual_rms_norm_wrapper(hidden_states, residual, norm):
     weight, eps = norm.weight, _eps(norm)
     if _tracing():
         return ops.residual_rms_norm(hidden_states, residual, weight, eps)
-    return _residual_rms_norm(hidden_states, residual, weight, eps)
+    return _routes["residual_rms_norm"](hidden_states, residual, weight, eps)
 
 
 def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
@@ -285,7 +275,7 @@ def mlp_block_wrapper(residual, attn_output, o_proj, norm, mlp):
     args += (gate.weight, gate.bias, up.weight, up.bias, down.weight, down.bias)
     if _tracing():
         return ops.mlp_block(*args)
-    return _mlp_block(*args)
+    return _routes["mlp_block"](*args)
 
 
 def _prologue_args(attention, norm, hidden_states):
@@ -301,7 +291,7 @@ def attention_prologue_wrapper(attention, norm, hidden_states, cos, sin, mrope_s
         return ops.attention_prologue(
             *args, cos, sin, [int(s) for s in mrope_section], int(attention.head_dim)
         )
-    return _attention_prologue(*args, cos, sin, mrope_section, attention.head_dim)
+    return _routes["attention_prologue"](*args, cos, sin, mrope_section, attention.head_dim)
 
 
 def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
@@ -309,7 +299,7 @@ def attention_prologue_mixed_wrapper(attention, norm, hidden_states, cos, sin):
     args = _prologue_args(attention, norm, hidden_states)
     if _tracing():
         return ops.attention_prologue_mixed(*args, cos, sin, int(attention.head_dim))
-    return _attention_prologue_mixed(*args, cos, sin, attention.head_dim)
+    return _routes["attention_prologue_mixed"](*args, cos, sin, attention.head_dim)
 
 
 def attention_prologue_cache_wrapper(
@@ -330,7 +320,7 @@ def attention_prologue_cache_wrapper(
     if _tracing():  # the position marked written only where the op advances it (5.8+: the layer's own)
         op = ops.attention_prologue_cached if target.advance else ops.attention_prologue_cached_at
         return op(*args), target.keys, target.values, True
-    return _attention_prologue_cached(*args), target.keys, target.values, True
+    return _routes["attention_prologue_cached"](*args), target.keys, target.values, True
 
 
 def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, sin, cache, position):
@@ -343,7 +333,7 @@ def attention_prologue_mixed_cache_wrapper(attention, norm, hidden_states, cos, 
     if _tracing():
         op = ops.attention_prologue_mixed_cached if target.advance else ops.attention_prologue_mixed_cached_at
         return op(*args), target.keys, target.values, True
-    return _attention_prologue_mixed_cached(*args), target.keys, target.values, True
+    return _routes["attention_prologue_mixed_cached"](*args), target.keys, target.values, True
 
 
 def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):
@@ -354,7 +344,7 @@ def attention_core_wrapper(query, key_cache, value_cache, kv_lens, scale, kv_sta
     fp32. Returns [b, s, q_heads * d], the input of o_proj (and of mlp_block)."""
     if _tracing():
         return ops.attention_core(query, key_cache, value_cache, kv_lens, float(scale), kv_starts)
-    return _attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)
+    return _routes["attention_core"](query, key_cache, value_cache, kv_lens, scale, kv_starts)
 
 
 def _implementation(attention) -> str | None:
@@ -383,4 +373,4 @@ def attention_core_model_wrapper(attention, query, key_cache, value_cache, atten
         key_cache, value_cache = key_cache[:, :, :rows], value_cache[:, :, :rows]
     if _tracing():
         return ops.attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
-    return _attention_core_masked(query, key_cache, value_cache, attention_mask, scale)
+    return _routes["attention_core_masked"](query, key_cache, value_cache, attention_mask, scale)

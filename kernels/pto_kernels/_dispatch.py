@@ -9,16 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 
-# The reference system's three ops, then the decoder-layer blocks (several of a layer's ops as one entry)
-OPS = (
-    "rms_norm",
-    "mrope",
-    "swiglu_mlp",
-    "residual_rms_norm",
-    "mlp_block",
-    "attention_prologue",
-    "attention_core",
-)
+from .entries import BY_NAME, ENTRIES, OPS
+
 BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
 BACKEND_ENV = "PTO_KERNELS_BACKEND"
 STRICT_ENV = "PTO_KERNELS_STRICT"
@@ -32,27 +24,10 @@ _BACKEND_MODULES = {
     "npu": "backends.npu",
     "pypto": "backends.pypto",
 }
-# kernel entry -> the op it is counted under
-_ENTRY_OP = {
-    "rms_norm": "rms_norm",
-    "mrope": "mrope",
-    "mrope_mixed": "mrope",
-    "swiglu_mlp": "swiglu_mlp",
-    "swiglu_mlp_weights": "swiglu_mlp",
-    # a serving engine's own layers (serving_ops.py): the residual RMSNorm, the SwiGLU activation alone
-    "add_rms_norm": "rms_norm",
-    "silu_and_mul": "swiglu_mlp",
-    # decoder-layer blocks
-    "residual_rms_norm": "residual_rms_norm",
-    "mlp_block": "mlp_block",
-    "attention_prologue": "attention_prologue",
-    "attention_prologue_mixed": "attention_prologue",
-    # the prologue that also writes its k and v into a static KV cache (what the cache update does next)
-    "attention_prologue_cached": "attention_prologue",
-    "attention_prologue_mixed_cached": "attention_prologue",
-    "attention_core": "attention_core",
-    "attention_core_masked": "attention_core",  # the lengths read from the model's attention mask
-}
+# kernel entry -> the op it is counted under, and the position of the tensor whose device decides the
+# route under "auto" (entries.py declares both)
+_ENTRY_OP = {entry.name: entry.op for entry in ENTRIES}
+_DEVICE_ARG = {entry.name: entry.device_arg for entry in ENTRIES}
 
 
 class KernelFailedError(RuntimeError):
@@ -158,26 +133,6 @@ def _module(backend: str) -> ModuleType:
     return mod
 
 
-# kernel entry -> the position of the tensor whose device decides the route under "auto"
-_DEVICE_ARG = {
-    "rms_norm": 0,
-    "mrope": 0,
-    "mrope_mixed": 0,
-    "swiglu_mlp": 1,
-    "swiglu_mlp_weights": 0,
-    "add_rms_norm": 0,
-    "silu_and_mul": 0,
-    "residual_rms_norm": 0,
-    "mlp_block": 0,
-    "attention_prologue": 0,
-    "attention_prologue_mixed": 0,
-    "attention_prologue_cached": 0,
-    "attention_prologue_mixed_cached": 0,
-    "attention_core": 0,
-    "attention_core_masked": 0,
-}
-
-
 def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Callable:
     """Call `entry` on `backend`, counted; on failure, the torch path (or KernelFailedError if strict).
 
@@ -188,7 +143,7 @@ def _runner(entry: str, backend: str, elsewhere: Callable | None = None) -> Call
     count = stats.count(backend)
     index = _DEVICE_ARG[entry]
     module: ModuleType | None = _modules.get(backend)
-    writes_cache = entry.endswith("_cached")  # every backend's entry writes the cache, the torch path too
+    writes_cache = BY_NAME[entry].writes_cache  # every backend's entry writes the cache, the torch path too
 
     def run(*args):
         nonlocal module

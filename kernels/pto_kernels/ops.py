@@ -50,11 +50,12 @@ import functools
 import importlib
 import sys
 import types
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from . import _dispatch
+from . import _dispatch, entries
 from .backends import reference
 
 NAMESPACE = "pto_kernels"
@@ -69,6 +70,19 @@ def _contiguous(out):
     return out.contiguous()
 
 
+# custom op name -> its typed body: torch.library reads the op's schema from the body's annotations
+BODIES: dict[str, Callable] = {}
+
+
+def _typed_body(body: Callable) -> Callable:
+    """Declare `_<custom op>` as the body of a custom op of entries.py's table."""
+    name = body.__name__.removeprefix("_")
+    if name not in entries.ENTRY_OF_CUSTOM_OP:
+        raise ValueError(f"{name} is no custom op of pto_kernels/entries.py")
+    BODIES[name] = body
+    return body
+
+
 def _run(entry: str, args: tuple):
     dispatch = getattr(sys.modules.get(__package__), "_dispatch", _dispatch)
     if dispatch.capturing(args[0].device.type):
@@ -76,20 +90,24 @@ def _run(entry: str, args: tuple):
     return _contiguous(dispatch.ROUTES[entry](*args))
 
 
+@_typed_body
 def _rms_norm(hidden_states: Tensor, weight: Tensor, eps: float) -> Tensor:
     return _run("rms_norm", (hidden_states, weight, eps))
 
 
+@_typed_body
 def _mrope(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: list[int], unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
     return _run("mrope", (q, k, cos, sin, mrope_section, unsqueeze_dim))
 
 
+@_typed_body
 def _mrope_mixed(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
     return _run("mrope_mixed", (q, k, cos, sin, unsqueeze_dim))
 
 
+@_typed_body
 def _swiglu_mlp(
     hidden_states: Tensor,
     gate_weight: Tensor,
@@ -105,12 +123,14 @@ def _swiglu_mlp(
     )
 
 
+@_typed_body
 def _residual_rms_norm(
     hidden_states: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor]:
     return _run("residual_rms_norm", (hidden_states, residual, weight, eps))
 
 
+@_typed_body
 def _mlp_block(
     residual: Tensor,
     attn_output: Tensor,
@@ -144,6 +164,7 @@ def _mlp_block(
     )
 
 
+@_typed_body
 def _attention_prologue(
     hidden_states: Tensor,
     norm_weight: Tensor,
@@ -166,6 +187,7 @@ def _attention_prologue(
     )
 
 
+@_typed_body
 def _attention_prologue_mixed(
     hidden_states: Tensor,
     norm_weight: Tensor,
@@ -187,6 +209,7 @@ def _attention_prologue_mixed(
     )
 
 
+@_typed_body
 def _attention_prologue_cached(
     hidden_states: Tensor,
     norm_weight: Tensor,
@@ -213,6 +236,7 @@ def _attention_prologue_cached(
     )
 
 
+@_typed_body
 def _attention_prologue_mixed_cached(
     hidden_states: Tensor,
     norm_weight: Tensor,
@@ -251,6 +275,7 @@ def _fixed_position(body):
     return at
 
 
+@_typed_body
 def _attention_core(
     query: Tensor,
     key_cache: Tensor,
@@ -262,53 +287,18 @@ def _attention_core(
     return _run("attention_core", (query, key_cache, value_cache, kv_lens, scale, kv_starts))
 
 
+@_typed_body
 def _attention_core_masked(
     query: Tensor, key_cache: Tensor, value_cache: Tensor, attention_mask: Tensor | None, scale: float
 ) -> Tensor:
     return _run("attention_core_masked", (query, key_cache, value_cache, attention_mask, scale))
 
 
-# op name -> (body, fake). The fakes are the reference math run on fake tensors while tracing; like the
-# bodies, they return new tensors, never a view of an input.
-_OPS = {
-    "rms_norm": (_rms_norm, reference.rms_norm),
-    "mrope": (_mrope, reference.mrope),
-    "mrope_mixed": (_mrope_mixed, reference.mrope_mixed),
-    "swiglu_mlp": (_swiglu_mlp, reference.swiglu_mlp_weights),
-    "residual_rms_norm": (_residual_rms_norm, reference.residual_rms_norm),
-    "mlp_block": (_mlp_block, reference.mlp_block),
-    "attention_prologue": (_attention_prologue, reference.attention_prologue),
-    "attention_prologue_mixed": (_attention_prologue_mixed, reference.attention_prologue_mixed),
-    "attention_prologue_cached": (_attention_prologue_cached, reference.attention_prologue_cached),
-    "attention_prologue_mixed_cached": (
-        _attention_prologue_mixed_cached,
-        reference.attention_prologue_mixed_cached,
-    ),
-    "attention_prologue_cached_at": (
-        _fixed_position(_attention_prologue_cached),
-        reference.attention_prologue_cached,
-    ),
-    "attention_prologue_mixed_cached_at": (
-        _fixed_position(_attention_prologue_mixed_cached),
-        reference.attention_prologue_mixed_cached,
-    ),
-    "attention_core": (_attention_core, reference.attention_core),
-    "attention_core_masked": (_attention_core_masked, reference.attention_core_masked),
-}
-NAMES = tuple(_OPS)
+for _fixed in entries.FIXED_POSITION_OPS:  # the `_at` forms run the cached prologue's routes
+    BODIES[_fixed.name] = _fixed_position(BODIES[entries.BY_NAME[_fixed.entry].custom_op])
+NAMES = tuple(BODIES)
 # a custom op whose body is another dispatch entry's (the `_at` forms run the cached prologue's routes)
-ENTRY_OF = {
-    "attention_prologue_cached_at": "attention_prologue_cached",
-    "attention_prologue_mixed_cached_at": "attention_prologue_mixed_cached",
-}
-# ops that write into arguments of theirs (the static KV cache; the position where the op advances it), as
-# torch.library must be told
-_MUTATES = {
-    "attention_prologue_cached": ("key_cache", "value_cache", "position"),
-    "attention_prologue_mixed_cached": ("key_cache", "value_cache", "position"),
-    "attention_prologue_cached_at": ("key_cache", "value_cache"),
-    "attention_prologue_mixed_cached_at": ("key_cache", "value_cache"),
-}
+ENTRY_OF = {op.name: op.entry for op in entries.FIXED_POSITION_OPS}
 
 
 def registered(name: str) -> bool:
@@ -319,15 +309,27 @@ def registered(name: str) -> bool:
     return True
 
 
-def _register() -> None:
-    for name, (body, fake) in _OPS.items():
+def _mutates(name: str) -> tuple[str, ...]:
+    """The arguments custom op `name` writes (the static KV cache; the position where the op advances it),
+    as torch.library must be told."""
+    for fixed in entries.FIXED_POSITION_OPS:
+        if fixed.name == name:
+            return fixed.mutates
+    return entries.BY_NAME[entries.ENTRY_OF_CUSTOM_OP[name]].mutates
+
+
+def register(bodies: dict[str, Callable]) -> None:
+    """Register each custom op once per process: its body, and as its fake the reference math of its entry
+    on fake tensors while tracing. Like the bodies, the fakes return new tensors, never a view of an input."""
+    for name, body in bodies.items():
         if registered(name):
             continue  # another copy of pto_kernels registered it: its body runs this process's current routes
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=_MUTATES.get(name, ()))(body)
+        fake = getattr(reference, entries.ENTRY_OF_CUSTOM_OP[name])
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=_mutates(name))(body)
         op.register_fake(lambda *args, _fake=fake: _contiguous(_fake(*args)))
 
 
-_register()
+register(BODIES)
 
 
 class GraphModeUnsupported(RuntimeError):
@@ -387,17 +389,7 @@ def refuse_graph_mode(torchair=None) -> bool:
     return True
 
 
-rms_norm = torch.ops.pto_kernels.rms_norm.default
-mrope = torch.ops.pto_kernels.mrope.default
-mrope_mixed = torch.ops.pto_kernels.mrope_mixed.default
-swiglu_mlp = torch.ops.pto_kernels.swiglu_mlp.default
-residual_rms_norm = torch.ops.pto_kernels.residual_rms_norm.default
-mlp_block = torch.ops.pto_kernels.mlp_block.default
-attention_prologue = torch.ops.pto_kernels.attention_prologue.default
-attention_prologue_mixed = torch.ops.pto_kernels.attention_prologue_mixed.default
-attention_prologue_cached = torch.ops.pto_kernels.attention_prologue_cached.default
-attention_prologue_mixed_cached = torch.ops.pto_kernels.attention_prologue_mixed_cached.default
-attention_prologue_cached_at = torch.ops.pto_kernels.attention_prologue_cached_at.default
-attention_prologue_mixed_cached_at = torch.ops.pto_kernels.attention_prologue_mixed_cached_at.default
-attention_core = torch.ops.pto_kernels.attention_core.default
-attention_core_masked = torch.ops.pto_kernels.attention_core_masked.default
+# each custom op's default overload as a name of this module (ops.rms_norm, ...): what the wrappers call
+# under a tracer
+for _name in NAMES:
+    globals()[_name] = getattr(torch.ops.pto_kernels, _name).default

@@ -20,8 +20,6 @@ import torch
 from torch import Tensor
 
 from . import _dispatch, ops
-from .backends import reference
-from .ops import NAMESPACE, registered
 
 
 def _add_rms_norm(
@@ -34,23 +32,11 @@ def _silu_and_mul(gate_up: Tensor) -> Tensor:
     return ops._run("silu_and_mul", (gate_up,))
 
 
-# op name -> (body, fake), registered once per process as ops.py registers its own
-_OPS = {
-    "add_rms_norm": (_add_rms_norm, reference.add_rms_norm),
-    "silu_and_mul": (_silu_and_mul, reference.silu_and_mul),
-}
-NAMES = tuple(_OPS)
-
-
-def _register() -> None:
-    for name, (body, fake) in _OPS.items():
-        if registered(name):
-            continue
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())(body)
-        op.register_fake(lambda *args, _fake=fake: ops._contiguous(_fake(*args)))
-
-
-_register()
+# custom op name -> its typed body, registered once per process as ops.py registers its own (entries.py
+# declares the ops)
+BODIES = {"add_rms_norm": _add_rms_norm, "silu_and_mul": _silu_and_mul}
+NAMES = tuple(BODIES)
+ops.register(BODIES)
 
 _tracing = torch.compiler.is_compiling
 

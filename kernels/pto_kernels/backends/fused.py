@@ -185,25 +185,10 @@ def mlp_block(
     return mlp.add_(summed)
 
 
-def attention_prologue(*args):
-    """reference.attention_prologue's arguments; this backend's RMSNorm and MRoPE."""
-    return reference.prologue_with(rms_norm, mrope, args)
-
-
-def attention_prologue_mixed(*args):
-    """reference.attention_prologue_mixed's arguments; this backend's RMSNorm and MRoPE."""
-    return reference.prologue_with(rms_norm, mrope_mixed, args)
-
-
-def attention_prologue_cached(*args):
-    """reference.attention_prologue_cached's arguments: this backend's prologue, then the cache write as
-    transformers makes it (two index_copy_)."""
-    return reference.prologue_cached(attention_prologue, args)
-
-
-def attention_prologue_mixed_cached(*args):
-    """reference.attention_prologue_mixed_cached's arguments: this backend's prologue, then the cache write."""
-    return reference.prologue_cached(attention_prologue_mixed, args)
+# the four prologue entries: this backend's RMSNorm and MRoPE, then the cache write as transformers makes it
+attention_prologue, attention_prologue_mixed, attention_prologue_cached, attention_prologue_mixed_cached = (
+    reference.prologue_entries(globals())
+)
 
 
 def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None):

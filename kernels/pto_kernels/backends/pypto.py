@@ -1,31 +1,30 @@
-"""The pypto backend as the dispatcher sees it: each kernel entry, from the module that defines it.
+"""The pypto backend as the dispatcher sees it: each kernel entry, from the PyPTO module that defines it.
 
 The reference system's three ops (and the serving engines' forms of them) live in pypto_kernels.py with the
-machinery every PyPTO kernel shares; the decoder-layer blocks in pypto_blocks.py and pypto_prologue.py, which import that
-machinery. This table hands both to the dispatcher without either module importing the other back. Each
-entry is looked up in its module at every call, so a kernel replaced there (a test, a hot fix) is seen.
+machinery every PyPTO kernel shares; the decoder-layer blocks in pypto_blocks.py, pypto_prologue.py and
+pypto_attention.py, which import that machinery. An entry (pto_kernels/entries.py names them) is the function
+of its name that one of these modules defines (not one it imports): found once, then looked up in that module
+at every call, so a kernel replaced there (a test, a hot fix) is seen. Neither module imports this one.
 """
+
+from types import ModuleType
 
 from . import pypto_attention, pypto_blocks, pypto_kernels, pypto_prologue
 
-# kernel entry (as _dispatch names it) -> the module that defines it
-ENTRIES = {
-    "rms_norm": pypto_kernels,
-    "mrope": pypto_kernels,
-    "mrope_mixed": pypto_kernels,
-    "swiglu_mlp": pypto_kernels,
-    "swiglu_mlp_weights": pypto_kernels,
-    "add_rms_norm": pypto_kernels,
-    "silu_and_mul": pypto_kernels,
-    "residual_rms_norm": pypto_blocks,
-    "mlp_block": pypto_blocks,
-    "attention_prologue": pypto_prologue,
-    "attention_prologue_mixed": pypto_prologue,
-    "attention_prologue_cached": pypto_prologue,
-    "attention_prologue_mixed_cached": pypto_prologue,
-    "attention_core": pypto_attention,
-    "attention_core_masked": pypto_attention,
-}
+MODULES = (pypto_kernels, pypto_blocks, pypto_prologue, pypto_attention)
+_defined_in: dict[str, ModuleType] = {}
+
+
+def module_of(name: str) -> ModuleType | None:
+    """The module of MODULES that defines the public function `name`, or None."""
+    module = _defined_in.get(name)
+    if module is None and not name.startswith("_"):
+        holders = [candidate for candidate in MODULES if callable(getattr(candidate, name, None))]
+        defining = [m for m in holders if getattr(getattr(m, name), "__module__", None) == m.__name__]
+        module = (defining or holders or [None])[0]  # a replaced kernel is not defined where it is held
+        if module is not None:
+            _defined_in[name] = module
+    return module
 
 
 def kernel_stats() -> dict[str, dict]:
@@ -38,7 +37,7 @@ def reset_kernel_stats() -> None:
 
 
 def __getattr__(name: str):
-    module = ENTRIES.get(name)
+    module = module_of(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(module, name)

@@ -355,3 +355,37 @@ def attention_core_masked(query, key_cache, value_cache, attention_mask, scale):
     built (decode_lengths.ranges; uncached: this is also the op's fake, run on fake tensors)."""
     kv_starts, kv_lens = decode_lengths.ranges(attention_mask, key_cache)
     return attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts)
+
+
+def prologue_entries(backend: dict) -> tuple:
+    """A backend's four prologue entries from its own RMSNorm and MRoPE, read from `backend` (its module's
+    globals()) at every call, so a kernel replaced there is seen: (attention_prologue,
+    attention_prologue_mixed, attention_prologue_cached, attention_prologue_mixed_cached), with the
+    arguments of this module's functions of those names; the cached two write the cache as transformers'
+    update does (two index_copy_)."""
+
+    def attention_prologue(*args):
+        return prologue_with(backend["rms_norm"], backend["mrope"], args)
+
+    def attention_prologue_mixed(*args):
+        return prologue_with(backend["rms_norm"], backend["mrope_mixed"], args)
+
+    def attention_prologue_cached(*args):
+        return prologue_cached(attention_prologue, args)
+
+    def attention_prologue_mixed_cached(*args):
+        return prologue_cached(attention_prologue_mixed, args)
+
+    made = (
+        attention_prologue,
+        attention_prologue_mixed,
+        attention_prologue_cached,
+        attention_prologue_mixed_cached,
+    )
+    for entry in made:
+        entry.__module__ = backend["__name__"]
+        entry.__qualname__ = entry.__name__
+        entry.__doc__ = (
+            f"{entry.__name__} by {backend['__name__']}'s RMSNorm and MRoPE (reference.prologue_entries)"
+        )
+    return made
