@@ -297,8 +297,6 @@ def _attention_core_masked(
 for _fixed in entries.FIXED_POSITION_OPS:  # the `_at` forms run the cached prologue's routes
     BODIES[_fixed.name] = _fixed_position(BODIES[entries.BY_NAME[_fixed.entry].custom_op])
 NAMES = tuple(BODIES)
-# a custom op whose body is another dispatch entry's (the `_at` forms run the cached prologue's routes)
-ENTRY_OF = {op.name: op.entry for op in entries.FIXED_POSITION_OPS}
 
 
 def registered(name: str) -> bool:
