@@ -148,8 +148,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.model.locate import installed_transformers_release
+    from pto_patch.tiny.model import make_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -56,9 +56,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="pto-bench-e2e-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))  # before transformers is imported
-    from pto_patch.hub import tiny_model
     from pto_patch.patching import engine
     from pto_patch.run.bench import BenchOptions, run_bench
+    from pto_patch.tiny import model as tiny_model
     from pto_patch.tune.tuning import TuneOptions, run_tune
 
     try:

@@ -197,9 +197,9 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pto-bench-launches-"))
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf-modules"))
-    from pto_patch.hub import tiny_model
     from pto_patch.model.spec import load_spec
     from pto_patch.patching import engine
+    from pto_patch.tiny import model as tiny_model
 
     widths = tiny_model.TextWidths(**NPU_WIDTHS) if args.backend == "npu" else tiny_model.TextWidths()
     modes = modes_for(load_spec(args.model).injections)

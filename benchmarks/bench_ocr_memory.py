@@ -45,10 +45,10 @@ def main() -> None:
     parser.add_argument("--pages", default="1,300,3000")
     parser.add_argument("--json", type=Path)
     options = parser.parse_args()
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
     from pto_patch.run.ocr.pages import bundled_pages
     from pto_patch.run.ocr.pages import write_pages as write_bundled
+    from pto_patch.tiny.model import make_tiny
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

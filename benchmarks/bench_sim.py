@@ -227,7 +227,7 @@ def min_bytes(op: str, params: dict) -> int:
 
 def _sim_child(request: str) -> None:
     """Build one kernel in SIM mode with the table's tiling (or the one given) and call it once."""
-    from pto_kernels.backends import pypto_kernels
+    from pto_kernels.backends import pypto_ops
     from pto_kernels.tiling.tile_table import TileConfig
 
     op, params, config = json.loads(request)
@@ -238,17 +238,17 @@ def _sim_child(request: str) -> None:
         config = TileConfig.from_dict(config)
     if op == "rms_norm":
         width = _width(op, params)
-        kernel = pypto_kernels._build_rms_norm(rows, width, bf16, 1e-6, config, "sim")
+        kernel = pypto_ops._build_rms_norm(rows, width, bf16, 1e-6, config, "sim")
         x = torch.randn(rows, width, dtype=bf16)
         kernel(x, torch.ones(1, width, dtype=bf16), torch.empty_like(x))
     elif op == "mrope":
-        kernel = pypto_kernels._build_mrope(rows, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, config, "sim")
+        kernel = pypto_ops._build_mrope(rows, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, config, "sim")
         q = torch.randn(rows, Q_HEADS * HEAD_DIM, dtype=bf16)
         k = torch.randn(rows, K_HEADS * HEAD_DIM, dtype=bf16)
         cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
         kernel(q, k, cos, cos.clone(), torch.empty_like(q), torch.empty_like(k))
     elif op == "swiglu_mlp":
-        kernel = pypto_kernels._build_swiglu_mlp(rows, TEXT, INTER, bf16, config, "sim")
+        kernel = pypto_ops._build_swiglu_mlp(rows, TEXT, INTER, bf16, config, "sim")
         x = torch.randn(rows, TEXT, dtype=bf16)
         gate, up = torch.randn(INTER, TEXT, dtype=bf16), torch.randn(INTER, TEXT, dtype=bf16)
         kernel(x, gate, up, torch.randn(TEXT, INTER, dtype=bf16), torch.empty_like(x))
@@ -384,13 +384,13 @@ def _sim_cache_write(params: dict) -> None:
     """Not a kernel of the package: one static cache's write of a decode step's new rows (each kv head's row
     at a position read from an int32 tensor inside the kernel), what each of transformers' two `index_copy_`
     a layer does; simulated as the span of a small kernel of that kind (bench_decode_projection.py)."""
-    from pto_kernels.backends import pypto_kernels
+    from pto_kernels.backends import pypto_runtime
     from pto_kernels.tiling.tile_table import TileConfig
 
-    pypto, bf16 = pypto_kernels._pypto(), pypto_kernels._dtype(torch.bfloat16)
+    pypto, bf16 = pypto_runtime.pypto_module(), pypto_runtime.pypto_dtype(torch.bfloat16)
     rows, context = params["rows"], params["context"]
 
-    @pypto_kernels._jit("sim", TileConfig(row_tile=rows))
+    @pypto_runtime.jit("sim", TileConfig(row_tile=rows))
     def cache_write_kernel(
         new: pypto.Tensor([K_HEADS * rows, HEAD_DIM], bf16),
         position: pypto.Tensor([1, 1], pypto.DT_INT32),

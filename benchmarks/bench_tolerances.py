@@ -6,7 +6,7 @@ unpatched model, teacher-forced, at every generated step, in fp32, bf16 and fp16
 
 Two models, both random weights from the spec (`make-tiny`): the default tiny model, and a full-width one
 with a single decoder layer (GutenOCR-3B's widths: hidden 2048, intermediate 11008, 16 / 2 heads,
-head_dim 128). Each is patched and run through verify's own judgement (`run.verification.verify_model`:
+head_dim 128). Each is patched and run through verify's own judgement (`run.verify.verify_model`:
 the unpatched model eager as the reference, the patched one with its kernels off, then on, each fed the
 reference's tokens); per run it prints the distribution over the judged steps of the step's difference
 (largest |score difference| over the reference's top 20, `run.judging`), its median and maximum, the
@@ -31,8 +31,8 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _model(root: Path, name: str, full_width: bool) -> Path:
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+    from pto_patch.tiny.model import make_tiny
 
     folder = root / name
     make_tiny(folder, full_width=full_width, layers=1 if full_width else None)
@@ -62,7 +62,7 @@ def _row(model: str, dtype: str, backend: str, run: str, judgement) -> dict:
 def measure(
     folder: Path, model: str, dtype: str, backend: str, steps: int, compiled: bool = False
 ) -> list[dict]:
-    from pto_patch.run.verification import VerifyOptions, verify_model
+    from pto_patch.run.verify import VerifyOptions, verify_model
 
     options = VerifyOptions(
         model_path=folder,
@@ -87,6 +87,7 @@ def rounding(folder: Path, model: str, dtype: str, steps: int) -> dict:
     fp32 inside its tiles and rounds once per output) may differ from the eager run by about this much,
     so the dtype's tolerance must admit it."""
     from pto_patch.model.spec import load_spec
+    from pto_patch.patching.patch_state import patch_state
     from pto_patch.run import loading
     from pto_patch.run.device import resolve_device
     from pto_patch.run.generation import tolerances
@@ -95,7 +96,7 @@ def rounding(folder: Path, model: str, dtype: str, steps: int) -> dict:
     from pto_patch.run.reference import Reference, unpatched_view
 
     spec, device = load_spec("gutenocr_3b"), resolve_device("cpu")
-    with unpatched_view(folder) as view:
+    with unpatched_view(folder, patch_state(folder)) as view:
         exact = Reference(spec, device, "fp32", view)
         inputs, _ = encode_prompt(exact, None, None, False)
         truth = exact.generate(inputs, steps)

@@ -62,7 +62,7 @@ def main() -> None:
     try:
         folder = args.model_path
         if folder is None:
-            from pto_patch.hub.tiny_model import make_tiny
+            from pto_patch.tiny.model import make_tiny
 
             folder = work / "full-width"
             make_tiny(folder, full_width=True, layers=args.layers)

@@ -104,7 +104,7 @@ def _weights(gen, out_features, in_features):
 def run_case(case: str, rows: int) -> dict:
     """Build the case's kernel as its entry does, call it once through the interpreter, check every output."""
     import torch
-    from pto_kernels.backends import pypto_blocks, pypto_kernels, pypto_prologue
+    from pto_kernels.backends import pypto_blocks, pypto_ops, pypto_prologue, pypto_runtime
     from pto_kernels.tiling.tile_table import tile_config
 
     bf16, gen = torch.bfloat16, torch.Generator().manual_seed(rows * 31 + len(case))
@@ -120,9 +120,9 @@ def run_case(case: str, rows: int) -> dict:
                 _weights(gen, INTER, HIDDEN),
                 _weights(gen, HIDDEN, INTER),
             )
-            kernel = pypto_kernels._build_swiglu_mlp(rows, HIDDEN, INTER, bf16, config, "cpu")
+            kernel = pypto_ops._build_swiglu_mlp(rows, HIDDEN, INTER, bf16, config, "cpu")
             buffer, out = poisoned(rows, HIDDEN, bf16)
-            with pypto_kernels._quiet_stdout("cpu"):
+            with pypto_runtime.quiet_stdout("cpu"):
                 kernel(x, gate, up, down, out)
             outputs.append(("out", buffer))
             expected.append(_silu_mlp64(x.double(), gate.double(), up.double(), down.double()))
@@ -140,7 +140,7 @@ def run_case(case: str, rows: int) -> dict:
             (out_b, out), (normed_b, normed), (proj_b, proj) = (
                 poisoned(rows, HIDDEN, bf16) for _ in range(3)
             )
-            with pypto_kernels._quiet_stdout("cpu"):
+            with pypto_runtime.quiet_stdout("cpu"):
                 kernel(residual, attn, o_w, norm_w.reshape(1, -1), gate, up, down, out, normed, proj)
             h = residual.double() + attn.double() @ o_w.double().T
             mlp = _silu_mlp64(_norm64(h, norm_w.double()), gate.double(), up.double(), down.double())
@@ -162,7 +162,7 @@ def run_case(case: str, rows: int) -> dict:
                 rows, HIDDEN, Q_HEADS, K_HEADS, HEAD_DIM, bf16, bf16, EPS, config, "cpu"
             )
             (q_b, q), (k_b, k), (v_b, v) = (poisoned(rows, n, bf16) for n in (q_width, kv_width, kv_width))
-            with pypto_kernels._quiet_stdout("cpu"):
+            with pypto_runtime.quiet_stdout("cpu"):
                 kernel(
                     x, folded[0], biases[0].reshape(1, -1), folded[1], biases[1].reshape(1, -1),
                     folded[2], biases[2].reshape(1, -1), cos, sin, q, k, v,

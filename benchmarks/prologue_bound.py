@@ -39,17 +39,17 @@ def build_probe(rows, hidden, q_heads, k_heads, dim, epilogue, config, device_ty
     """The shipped prologue's q/k/v matmuls (its tiling) and a probe epilogue: kernel(x, q_w, k_w, v_w,
     q_out, k_out, v_out), weights in nn.Linear layout, outputs x @ W^T in bf16."""
     from pto_kernels.backends import pypto_blocks
-    from pto_kernels.backends.pypto_kernels import _dtype, _jit, _pypto, _row_axis
+    from pto_kernels.backends.pypto_runtime import jit, pypto_dtype, pypto_module, row_axis
 
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {', '.join(EPILOGUES)}")
-    pypto = _pypto()
-    dt, fp32 = _dtype(torch.bfloat16), pypto.DT_FP32
-    rows_axis, tile = _row_axis(config, rows), config.row_tile
+    pypto = pypto_module()
+    dt, fp32 = pypto_dtype(torch.bfloat16), pypto.DT_FP32
+    rows_axis, tile = row_axis(config, rows), config.row_tile
     q_width, kv_width = q_heads * dim, k_heads * dim
     m, proj_k, proj_n, _ = pypto_blocks._block_tiles(config)
 
-    @_jit(device_type, config)
+    @jit(device_type, config)
     def prologue_probe_kernel(
         x: pypto.Tensor([rows_axis, hidden], dt),
         q_w: pypto.Tensor([q_width, hidden], dt),
@@ -76,9 +76,9 @@ def build_probe(rows, hidden, q_heads, k_heads, dim, epilogue, config, device_ty
 
 def _probe_body(xt, weights, outs, epilogue, start, tile, valid, dim, dt, fp32):
     """Inside the kernel: the three matmuls and the probe's epilogue (see the module's docstring)."""
-    from pto_kernels.backends.pypto_kernels import _pypto
+    from pto_kernels.backends.pypto_runtime import pypto_module
 
-    pypto = _pypto()
+    pypto = pypto_module()
     if epilogue == "none":
         for w, out in zip(weights, outs, strict=True):
             pypto.assemble(pypto.matmul(xt, w, dt, b_trans=True), [start, 0], out)

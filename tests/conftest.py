@@ -229,8 +229,8 @@ def model_folder(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def patched_tiny(tmp_path_factory) -> Path:
     """A make-tiny folder with the patch applied, shared by a module's tests (which must not change it)."""
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path_factory.mktemp("tiny") / "GutenOCR-tiny"
     make_tiny(folder)

@@ -13,11 +13,11 @@ import torch
 
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, PtoPatchError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench
 from pto_patch.run.device import DeviceChoice
+from pto_patch.tiny.model import make_tiny
 from tests.helpers.cli import run_process
 
 MODE_KEYS = {"load_s", "latency_s", "tokens", "tokens_per_s", "peak_memory_mb"}

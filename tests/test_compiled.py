@@ -483,7 +483,7 @@ def test_a_correct_bf16_inductor_run_is_within_the_bf16_tolerance(patched_tiny: 
     """bf16 `--use_compile` under inductor rounds at other places than eager (measured: up to 1.44 at a
     max |logit| of 11.7 over 50 steps, benchmarks/bench_tolerances.py); nothing is wrong, so verify passes
     at the default tolerance (at the earlier bf16 rtol of 0.05 it failed the kernels-off run, exit 3)."""
-    from pto_patch.run.verification import VerifyOptions, verify_model
+    from pto_patch.run.verify import VerifyOptions, verify_model
 
     options = VerifyOptions(
         model_path=patched_tiny, dtype="bf16", use_compile=True, output_length=50, warmup=0, iters=1

@@ -92,7 +92,7 @@ def test_a_line_rich_would_change_goes_through_rich_as_text(capsys):
 @pytest.mark.parametrize("name", ["mk[/]", "a[red]b", "x[/bold]y[", "[link=file:///etc]z"])
 def test_markup_in_a_folder_name_is_printed_as_written_by_every_folder_command(tmp_path, capsys, name: str):
     """apply, status and restore over a folder whose path holds rich markup: exit 0, the path as it is."""
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
     from tests.test_engine import run_cli
 
     folder = tmp_path / name

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import PtoPatchError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.run import demo
+from pto_patch.tiny.model import make_tiny
 from tests.folder_snapshot import snapshot
 
 pytestmark = pytest.mark.slow

@@ -135,7 +135,7 @@ def test_doctor_json_at_gutenocr_widths_names_the_stack_and_checks_every_op(tmp_
 
 def test_verify_and_bench_reports_carry_the_compile_seconds_apart():
     """The kernel package counts pypto's compile time; the run's op reports show it per op."""
-    from pto_patch.run.ops import op_reports
+    from pto_patch.run.op_choice import op_reports
 
     stats = {
         "rms_norm": {

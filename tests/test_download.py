@@ -18,8 +18,8 @@ from pto_patch.errors import DownloadError
 from pto_patch.hub import download as download_engine
 from pto_patch.hub import hub_errors
 from pto_patch.hub.download import DOWNLOAD_RECORD, download_model
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import load_spec
+from pto_patch.tiny.model import make_tiny
 from tests.folder_snapshot import snapshot
 from tests.helpers.cli import run_cli
 from tests.local_hub import LocalHub, read_folder

@@ -233,7 +233,7 @@ def test_help_lists_each_command_by_its_whole_first_sentence(capsys):
 
 def test_the_edit_hints_name_restore_force_and_the_kept_copy(model_folder: Path, capsys):
     from pto_patch.errors import PtoPatchError
-    from pto_patch.run.folder import check_folder
+    from pto_patch.run.folder_check import check_folder
 
     engine.apply_patch(model_path=model_folder)
     edit(model_folder, "mine")
@@ -306,7 +306,7 @@ def test_an_interrupted_json_run_still_prints_one_document(model_folder: Path, c
 
 
 def test_make_tiny_weights_are_as_readable_as_its_other_files(tmp_path: Path):
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     make_tiny(tmp_path / "tiny")
     config_mode = (tmp_path / "tiny" / "config.json").stat().st_mode & 0o777
@@ -450,7 +450,7 @@ def test_tune_states_a_verdict_that_agrees_with_its_band():
 def test_a_tuned_choice_tells_patched_but_not_tuned_from_not_patched():
     from types import SimpleNamespace
 
-    from pto_patch.run.ops import tuned_choice
+    from pto_patch.run.op_choice import tuned_choice
 
     choice = SimpleNamespace(batch=1, ops={"rms_norm": "fused"}, decided="measured faster")
     tuning = SimpleNamespace(for_batch=lambda batch: choice, header={"ops_tuned": ["rms_norm"]})

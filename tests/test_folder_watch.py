@@ -40,9 +40,9 @@ def test_a_restore_during_the_run_fails_it(command, patched_copy: Path, tmp_path
     """restore takes the folder's lock once the load has let it go; the run goes on over kernels that are
     gone (every op falls back, eager against eager), and must not say PASSED."""
     from pto_patch.patching.restore import restore_model
-    from pto_patch.run import bench, verification
+    from pto_patch.run import bench, verify
 
-    module = verification if command == "verify" else bench
+    module = verify if command == "verify" else bench
     real = module.measure_modes
 
     def restored_meanwhile(*args, **kwargs):
@@ -57,3 +57,62 @@ def test_a_restore_during_the_run_fails_it(command, patched_copy: Path, tmp_path
     assert code == EXIT_VERIFY_FAILED and document["passed"] is False, document
     assert any(f.startswith("the model folder changed during the run (") for f in document["failures"])
     assert not (patched_copy / ".pto_patch").exists()  # it was restored indeed
+
+
+def test_the_folder_state_is_decided_once_a_verify(patched_copy: Path, monkeypatch, capsys):
+    """The plan decides the folder's patch state and the ops the run may switch on, once; the reference's
+    view and the load take them from it (the patch state of the reference's own view is another folder's)."""
+    from pto_patch.patching import patch_state as patch_state_module
+    from pto_patch.run import folder_check, op_choice, start
+
+    folder = Path(patched_copy).resolve()
+    decided, candidates = [], []
+    real_state, real_candidates = patch_state_module.patch_state, op_choice.candidate_ops
+
+    def counted_state(path):
+        if Path(path).resolve() == folder:
+            decided.append(path)
+        return real_state(path)
+
+    def counted_candidates(*args, **kwargs):
+        candidates.append(args)
+        return real_candidates(*args, **kwargs)
+
+    for module in (start, folder_check):
+        monkeypatch.setattr(module, "patch_state", counted_state)
+    monkeypatch.setattr(start, "candidate_ops", counted_candidates)
+    code = run_in_process("verify", "--model-path", str(patched_copy), *QUICK, "--json")
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0 and document["passed"] is True, document
+    assert len(decided) == 1 and len(candidates) == 1, (decided, candidates)
+
+
+@pytest.mark.parametrize("step", ["reference", "load"])
+def test_a_folder_changed_after_the_plan_is_refused_before_it_is_read(step, patched_copy: Path, capsys):
+    """What the plan decided (patched, which ops, where the originals lie) holds only for the files it saw:
+    a file changed before the reference or the load reads the folder stops the run, one line."""
+    from pto_patch.errors import ModelFolderError
+    from pto_patch.run.reference import open_reference
+    from pto_patch.run.start import plan_run, start_run
+    from pto_patch.run.verify import VerifyOptions
+
+    plan = plan_run(VerifyOptions(model_path=str(patched_copy)), batch=1, use_pto=True)
+    (patched_copy / "generation_config.json").write_text("{}\n")
+    with pytest.raises(ModelFolderError) as raised:
+        if step == "reference":
+            with open_reference(plan):
+                pass
+        else:
+            start_run(plan)
+    assert "changed since this run checked it (generation_config.json rewritten)" in raised.value.message
+    assert "\n" not in raised.value.message
+
+
+def test_an_unchanged_folder_goes_on_from_its_plan(patched_copy: Path):
+    from pto_patch.run.start import plan_run
+    from pto_patch.run.verify import VerifyOptions
+
+    plan = plan_run(VerifyOptions(model_path=str(patched_copy)), batch=1, use_pto=True)
+    plan.check_unchanged()  # nothing changed: no error
+    assert plan.checked.patched and plan.checked.patch is not None
+    assert plan.may_switch_on == ("rms_norm", "mrope", "swiglu_mlp")

@@ -174,7 +174,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def tiny_template(tmp_path_factory) -> Path:
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path_factory.mktemp("template") / "model"
     make_tiny(folder)

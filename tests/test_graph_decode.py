@@ -261,7 +261,7 @@ def test_graph_decode_gives_the_eager_models_tokens_and_logits(cache, tmp_path: 
     transformers: both generations of each capture key (the first is the one the priming step ran in) give
     the eager model's tokens and, at every step, its logits within the float32 tolerance. The release
     matrix runs the same in tests/test_graph_releases.py."""
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
     from tests import graph_against_eager
 
     folder = make_tiny(tmp_path / "tiny").path
@@ -276,7 +276,7 @@ def test_a_graph_fault_the_stand_in_shares_with_every_graph_run_is_seen_against_
     """tests/skewing_torchair: from each graph's third call its logits favour one token. Judged against the
     eager model, graph decode differs from the third decode step on (a check of graph against graph cannot
     see it: both runs would hold it)."""
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
     from tests import graph_against_eager
 
     folder = make_tiny(tmp_path / "tiny").path
@@ -301,7 +301,7 @@ def _stand_in_torchair(monkeypatch):
 
 
 def test_a_setting_torchair_rejects_stops_the_run_before_the_folder_is_read(monkeypatch, tmp_path):
-    from pto_patch.run.verification import VerifyOptions, verify_model
+    from pto_patch.run.verify import VerifyOptions, verify_model
 
     _stand_in_torchair(monkeypatch)
     monkeypatch.setenv("COUNTING_TORCHAIR_WITHOUT", "frozen_parameter")  # an older release
@@ -528,8 +528,8 @@ def test_the_projection_simulates_the_core_at_each_batch_one_row_a_sequence():
 @pytest.fixture(scope="module")
 def tuned_tiny(tmp_path_factory) -> Path:
     """A patched tiny folder of its own: tune writes its tuning file into the folder."""
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path_factory.mktemp("tune") / "GutenOCR-tiny"
     make_tiny(folder)
@@ -559,8 +559,8 @@ def test_tune_under_acl_graph_measures_replays_of_one_capture_per_candidate(tune
 
 @pytest.mark.slow
 def test_tune_whose_decode_recompiles_per_step_fails_and_writes_no_tuning(tmp_path: Path):
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path / "GutenOCR-tiny"
     make_tiny(folder)
@@ -578,7 +578,7 @@ def test_tune_whose_decode_recompiles_per_step_fails_and_writes_no_tuning(tmp_pa
 def test_a_release_whose_static_cache_differs_is_refused_before_the_folder_is_read(monkeypatch, tmp_path):
     import transformers
 
-    from pto_patch.run.verification import VerifyOptions, verify_model
+    from pto_patch.run.verify import VerifyOptions, verify_model
 
     options = VerifyOptions(model_path=tmp_path / "no-such-folder", use_compile=True, cache="static")
     monkeypatch.setattr(transformers, "__version__", "4.56.2")

@@ -179,7 +179,7 @@ def test_graph_decode_of_the_whole_layer_at_batch_4_writes_the_cache_under_each_
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("unpatched") / "tiny").path
 

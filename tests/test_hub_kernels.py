@@ -183,8 +183,8 @@ def test_hub_kernels_without_a_kernels_package_is_a_usage_error(tmp_path: Path, 
     from transformers.utils import import_utils
 
     from pto_patch.cli.app import main
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.patching import engine
+    from pto_patch.tiny.model import make_tiny
 
     monkeypatch.setitem(sys.modules, "kernels", None)  # `import kernels` fails, as if not installed
     monkeypatch.setattr(import_utils, "is_kernels_available", lambda *a, **k: False)

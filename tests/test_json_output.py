@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import EXIT_DRIFTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, EXIT_VERIFY_FAILED
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import load_spec
+from pto_patch.tiny.model import make_tiny
 from tests.folder_snapshot import snapshot
 from tests.helpers.json_documents import SCHEMAS, assert_document
 

@@ -1,9 +1,9 @@
 """The house's layering, read from the imports with `ast`: no circle, and no import back up.
 
-From the top: `cli` > `tune` | `serving` > `run` > `hub` > `patching` > `model`. A package may import
+From the top: `cli` > `tune` | `serving` > `run` > `hub` | `tiny` > `patching` > `model`. A package may import
 its own modules, the packages below it, and the top-level modules (`errors`, `resources`, the face);
 `tune` and `serving` stand side by side and import neither the other. The top-level modules import no
-package. Inside `patching`, what the two writers share (`plan`) and what undoes a manifest (`undo`,
+package. Inside `patching`, what the two writers share (`plan`) and what undoes a manifest (`put_back`,
 `overlay_record`) sit below the writers. Inside `run`, by concern: `graph/` (compiling and capture) under
 the core (`run/*.py`), and `ocr/` and `diagnosis/` above it, side by side: neither imports the other, and
 the core imports neither.
@@ -24,10 +24,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Rank of each package, from the ground up; equal ranks may not import each other.
-LAYERS = {"model": 0, "patching": 1, "hub": 2, "run": 3, "tune": 4, "serving": 4, "cli": 5}
+LAYERS = {"model": 0, "patching": 1, "hub": 2, "tiny": 2, "run": 3, "tune": 4, "serving": 4, "cli": 5}
 TOP_LEVEL = {"pto_patch", "pto_patch.__main__", "pto_patch.errors", "pto_patch.resources"}
 # Inside patching: these know only what a manifest recorded, never a writer.
-PATCHING_FLOOR = ("plan", "undo", "overlay_record", "manifest", "folder_kernels", "tuning_file")
+PATCHING_FLOOR = ("plan", "put_back", "overlay_record", "manifest", "folder_kernels", "tuning_file")
 PATCHING_WRITERS = ("engine", "overlay", "restore", "folder_status")
 # Inside run, rank of each concern from the ground up; equal ranks may not import each other.
 RUN_LAYERS = {"graph": 0, "core": 1, "ocr": 2, "diagnosis": 2}
@@ -190,7 +190,7 @@ def test_kernels_import_one_way_down():
 def test_kernels_have_no_circle():
     graph = kernel_import_graph(REPO / "kernels")
     assert (
-        "pto_kernels.backends.pypto_kernels" in graph["pto_kernels.backends.pypto_blocks"]
+        "pto_kernels.backends.pypto_runtime" in graph["pto_kernels.backends.pypto_blocks"]
     )  # the graph sees
     assert circles(graph) == []
 
@@ -249,8 +249,8 @@ def test_a_clean_fake_house_passes(tmp_path: Path):
     ("files", "reported"),
     [
         (  # an import up, even one inside a function
-            {"pto_patch/patching/undo.py": "def f():\n    from pto_patch.cli import app\n"},
-            "pto_patch.patching.undo -> pto_patch.cli.app: patching may not import cli",
+            {"pto_patch/patching/put_back.py": "def f():\n    from pto_patch.cli import app\n"},
+            "pto_patch.patching.put_back -> pto_patch.cli.app: patching may not import cli",
         ),
         (  # sideways, between two packages of one rank
             {
@@ -263,9 +263,9 @@ def test_a_clean_fake_house_passes(tmp_path: Path):
             {"pto_patch/errors.py": "from pto_patch.model import spec\n"},
             "pto_patch.errors -> pto_patch.model.spec: the top level imports no package",
         ),
-        (  # undo into a writer
-            {"pto_patch/patching/undo.py": "from pto_patch.patching.overlay import remove_links\n"},
-            "pto_patch.patching.undo -> pto_patch.patching.overlay: what a writer shares may not import a writer",
+        (  # put_back into a writer
+            {"pto_patch/patching/put_back.py": "from pto_patch.patching.overlay import remove_links\n"},
+            "pto_patch.patching.put_back -> pto_patch.patching.overlay: what a writer shares may not import a writer",
         ),
     ],
 )
@@ -296,7 +296,7 @@ def fake_kernels(root: Path) -> None:
     write(root, "pto_kernels/tuning.py", "from ._dispatch import OPS\n")
     write(root, "pto_kernels/backends/reference.py", "import torch\n")
     write(root, "pto_kernels/backends/fused.py", "from . import reference\n")
-    write(root, "pto_kernels/backends/pypto_kernels.py", "from ..tiling.tile_table import TileConfig\n")
+    write(root, "pto_kernels/backends/pypto_runtime.py", "from ..tiling.tile_table import TileConfig\n")
     write(root, "pto_kernels/tiling/tile_table.py", "")
 
 
@@ -304,7 +304,7 @@ def test_a_clean_fake_kernel_package_passes(tmp_path: Path):
     fake_kernels(tmp_path)
     graph = kernel_import_graph(tmp_path)
     assert graph["pto_kernels.backends.fused"] == {"pto_kernels.backends.reference"}
-    assert graph["pto_kernels.backends.pypto_kernels"] == {"pto_kernels.tiling.tile_table"}
+    assert graph["pto_kernels.backends.pypto_runtime"] == {"pto_kernels.tiling.tile_table"}
     assert kernel_upward_imports(graph) == [] and circles(graph) == []
 
 
@@ -334,14 +334,14 @@ def test_each_kernel_import_up_is_reported(tmp_path: Path, files: dict[str, str]
 
 def test_the_old_circle_between_the_pypto_modules_is_reported(tmp_path: Path):
     fake_kernels(tmp_path)
-    write(tmp_path, "pto_kernels/backends/pypto_blocks.py", "from .pypto_kernels import KERNELS\n")
+    write(tmp_path, "pto_kernels/backends/pypto_blocks.py", "from .pypto_ops import WEIGHT_LAYOUTS\n")
     write(
         tmp_path,
-        "pto_kernels/backends/pypto_kernels.py",
+        "pto_kernels/backends/pypto_ops.py",
         "def __getattr__(name):\n    from . import pypto_blocks\n",
     )
     assert circles(kernel_import_graph(tmp_path)) == [
-        ["pto_kernels.backends.pypto_blocks", "pto_kernels.backends.pypto_kernels"]
+        ["pto_kernels.backends.pypto_blocks", "pto_kernels.backends.pypto_ops"]
     ]
 
 

@@ -407,9 +407,9 @@ def test_the_text_output_shows_every_reading_and_part(capsys):
 
 
 def test_a_page_the_processor_resizes_is_named(tmp_path: Path):
-    from pto_patch.hub.tiny_model import make_tiny
     from pto_patch.run.image_inputs import load_image_processor
     from pto_patch.run.ocr.verify import model_input_size, resized_pages
+    from pto_patch.tiny.model import make_tiny
 
     def seen(processor) -> dict:
         """Each page's size as the model sees it, from the grid the processor makes of it."""

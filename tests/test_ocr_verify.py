@@ -119,7 +119,7 @@ def test_a_decode_only_kernel_fault_fails_every_page_naming_the_step(patched_tin
     every decode step. Each (page, task) is judged against the eager reference, so it fails naming them."""
     from pto_patch.run.ocr.options import OcrOptions
     from pto_patch.run.ocr.verify import run_ocr_verify
-    from pto_patch.run.verification import VerifyOptions
+    from pto_patch.run.verify import VerifyOptions
 
     pages = tmp_path / "pages"
     write_pages([p for p in bundled_pages() if p.name == "prose"], pages)

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine, fileio
 from pto_patch.patching.fileio import sha256_file
 from pto_patch.patching.manifest import Manifest
 from pto_patch.patching.overlay import record_of
+from pto_patch.tiny.model import make_tiny
 from tests.folder_snapshot import snapshot
 from tests.helpers.cli import run_cli
 from tests.spec_pipeline import QUICK, page_image, run_in_fresh_process

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import ModelFolderError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.patching.patch_state import (
@@ -19,6 +18,7 @@ from pto_patch.patching.patch_state import (
     patch_state,
     state_before_writing,
 )
+from pto_patch.tiny.model import make_tiny
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 from pto_patch.cli.progress_display import wanted
 from pto_patch.run import progress
-from pto_patch.run.verification import VerifyOptions, verify_model
+from pto_patch.run.verify import VerifyOptions, verify_model
 
 pytestmark = pytest.mark.usefixtures("kernel_package_restored")  # verify runs in process
 

@@ -148,7 +148,7 @@ def test_commands_that_rewrite_nothing_import_nothing_heavy(tmp_path: Path, patc
 
 
 def test_status_of_a_folder_that_is_no_overlay_imports_no_overlay_writer(tmp_path: Path, patched: Path):
-    writers = ("pto_patch.patching.overlay", "pto_patch.patching.undo")
+    writers = ("pto_patch.patching.overlay", "pto_patch.patching.put_back")
     assert heavy(modules_after(tmp_path, ["status", "--model-path", str(patched)]), writers) == []
     eager = modules_after(
         tmp_path, ["status", "--model-path", str(patched)], "import pto_patch.patching.overlay"

@@ -41,7 +41,7 @@ LOAD_AND_COMPARE = r"""
 import json, sys
 from pathlib import Path
 import torch, transformers
-from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.tiny.model import make_tiny
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import Manifest
 from pto_patch.run.hub_kernels import load_arguments
@@ -292,7 +292,7 @@ def test_each_shipped_spec_loads_every_weight_and_computes_the_stock_logits(mode
 
 
 def test_attention_prologue_is_refused_with_its_reason(tmp_path: Path, capsys):
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     folder = make_tiny(tmp_path / "tiny", model=MODEL, layers=1).path
     before = snapshot(folder)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pto_patch.run import reference_cache
-from pto_patch.run.verification import VerifyOptions, verify_model
+from pto_patch.run.verify import VerifyOptions, verify_model
 
 pytestmark = pytest.mark.usefixtures("kernel_package_restored")  # verify runs in process
 

@@ -42,7 +42,7 @@ facts = {
 from pto_patch.patching import engine
 from pto_patch.patching.manifest import Manifest
 from pto_patch.run.image_inputs import build_inputs, sample_image
-from pto_patch.hub.tiny_model import make_tiny
+from pto_patch.tiny.model import make_tiny
 from tests.folder_snapshot import snapshot
 
 make_tiny(folder)

@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pto_patch"
 CALLERS = {
-    "verify": "run/verification.py",
+    "verify": "run/verify.py",
     "verify --ocr": "run/ocr/verify.py",
     "bench": "run/bench.py",
     "bench --ocr": "run/ocr/bench.py",
@@ -38,7 +38,7 @@ def test_each_caller_runs_the_modes_through_the_protocol(command):
 
 def test_the_check_sees_a_caller_that_keeps_its_own_copy(tmp_path):
     copy = tmp_path / "bench.py"
-    copy.write_text("from pto_patch.run.ops import choose_ops, set_switches\n", encoding="utf-8")
+    copy.write_text("from pto_patch.run.op_choice import choose_ops, set_switches\n", encoding="utf-8")
     names = imported(copy)
     assert "KernelModes" not in names.get("pto_patch.run.modes", set())
-    assert {"choose_ops", "set_switches"} <= names["pto_patch.run.ops"]
+    assert {"choose_ops", "set_switches"} <= names["pto_patch.run.op_choice"]

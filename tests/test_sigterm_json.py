@@ -14,13 +14,13 @@ QUICK = ["--warmup", "0", "--iters", "1", "--output_length", "2"]
 
 
 def test_sigterm_during_verify_prints_one_json_document(patched_tiny: Path, monkeypatch, capsys):
-    from pto_patch.run import verification
+    from pto_patch.run import verify
 
     def terminated(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # what `kill PID` or a scheduler's time-out sends
         raise AssertionError("SIGTERM did not stop the run")
 
-    monkeypatch.setattr(verification, "measure_modes", terminated)
+    monkeypatch.setattr(verify, "measure_modes", terminated)
     before = signal.getsignal(signal.SIGTERM)
     code = run_in_process("verify", "--model-path", str(patched_tiny), *QUICK, "--json")
     document = json.loads(capsys.readouterr().out)
@@ -30,9 +30,9 @@ def test_sigterm_during_verify_prints_one_json_document(patched_tiny: Path, monk
 
 
 def test_sigterm_in_text_mode_is_one_line(patched_tiny: Path, monkeypatch, capsys):
-    from pto_patch.run import verification
+    from pto_patch.run import verify
 
-    monkeypatch.setattr(verification, "measure_modes", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setattr(verify, "measure_modes", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
     code = run_in_process("verify", "--model-path", str(patched_tiny), *QUICK)
     captured = capsys.readouterr()
     assert code == 143 and captured.err.strip().splitlines()[-1] == "interrupted (SIGTERM)"

@@ -51,7 +51,7 @@ def test_the_label_says_which_release_and_whether_it_is_the_installed_file(
 
 
 def test_apply_names_the_folder_s_release_in_its_result_and_banner(tmp_path):
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path / "tiny"
     make_tiny(folder)
@@ -73,7 +73,7 @@ def test_apply_names_the_folder_s_release_in_its_result_and_banner(tmp_path):
 
 
 def test_apply_of_the_installed_release_says_that_release(tmp_path):
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     make_tiny(tmp_path / "tiny")
     result = engine.apply_patch(model_path=tmp_path / "tiny")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import SpecError
-from pto_patch.hub.tiny_model import make_tiny, model_config, weight_shapes
 from pto_patch.model.spec import all_specs, known_specs, load_spec, specs_dir
+from pto_patch.tiny.model import make_tiny, model_config, weight_shapes
 from tests.helpers.cli import run_cli
 from tests.local_hub import LocalHub, read_folder
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.hub.tiny_model import model_config, weight_shapes
 from pto_patch.model.spec import load_spec
+from pto_patch.tiny.model import model_config, weight_shapes
 from tests.spec_pipeline import SHORT_PROMPT, apply_verify_restore, run_in_process
 
 pytest.importorskip("torch")

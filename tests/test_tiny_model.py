@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import ModelFolderError, SpecError
-from pto_patch.hub.tiny_model import QWEN_SPECIAL_TOKENS, make_tiny, model_config, weight_shapes
 from pto_patch.model.spec import load_spec
 from pto_patch.run.image_inputs import build_inputs, sample_image, wants_mm_token_type_ids
+from pto_patch.tiny.model import QWEN_SPECIAL_TOKENS, make_tiny, model_config, weight_shapes
 from tests.folder_snapshot import snapshot
 from tests.helpers.cli import run_cli
 
@@ -282,9 +282,9 @@ KERNEL_WIDTH_CHECK = """
 import sys
 import torch
 sys.path.insert(0, sys.argv[1])
-from pto_kernels.backends.pypto_kernels import _check_half_blocks
+from pto_kernels.backends.pypto_pieces import check_half_blocks
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    _check_half_blocks(int(sys.argv[2]), dtype, "the default make-tiny model")
+    check_half_blocks(int(sys.argv[2]), dtype, "the default make-tiny model")
 """
 
 

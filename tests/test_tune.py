@@ -19,7 +19,6 @@ import pytest
 
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_OK, EXIT_USAGE, PtoPatchError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import OPS as SPEC_OPS
 from pto_patch.patching import engine
 from pto_patch.patching.fileio import sha256_file
@@ -35,6 +34,7 @@ from pto_patch.patching.tuning_file import (
     write_tuning,
 )
 from pto_patch.run.options import RunOptions
+from pto_patch.tiny.model import make_tiny
 from pto_patch.tune.tuning import TuneOptions, backends_to_try, check_tune_options
 from tests.folder_snapshot import snapshot
 from tests.helpers.cli import run_cli, run_process

@@ -20,26 +20,26 @@ import torch
 
 from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
-from pto_patch.hub.tiny_model import make_tiny
 from pto_patch.model.spec import OPS, load_spec
 from pto_patch.patching import engine
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench, device, loading, verify
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
-from pto_patch.run.folder import check_folder
+from pto_patch.run.folder_check import check_folder
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
 from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.image_inputs import sample_image
 from pto_patch.run.inputs import OCR_PROMPT
 from pto_patch.run.loading import fix_rope_config, load_failures
 from pto_patch.run.ocr.options import OcrOptions
-from pto_patch.run.ops import dynamic_choice, op_failures
+from pto_patch.run.op_choice import dynamic_choice, op_failures
 from pto_patch.run.options import RunOptions
 from pto_patch.run.patchers import OTHER_PATCHER_HINT, other_patcher_checks
 from pto_patch.run.report import BatchRun, BenchResult, LoadInfo, ModeMetrics, ModeRun, OpReport, OtherPatcher
-from pto_patch.run.verification import VerifyOptions
+from pto_patch.run.verify import VerifyOptions
 from pto_patch.serving.vllm_verify import VllmVerifyOptions
+from pto_patch.tiny.model import make_tiny
 from tests.helpers.changes import WRONG_RMS_NORM
 from tests.helpers.cli import json_out, run_cli, run_process
 
@@ -581,11 +581,11 @@ def test_ops_the_folder_was_not_patched_with_are_refused_before_loading(tmp_path
         assert f"apply --model-path {folder.resolve()} --ops rms_norm,swiglu_mlp" in error.hint
     # `all` is every op patched in: nothing to refuse
     from pto_patch.model.spec import OpsAsked
-    from pto_patch.run.ops import choose_ops
+    from pto_patch.run.op_choice import candidate_ops
 
     state = check_folder(folder.resolve(), use_pto=True, allow_modified=False)
     spec = load_spec("gutenocr_3b")
-    assert choose_ops(OpsAsked.read("all", spec), spec, state, 1, False)[0] == ("rms_norm",)
+    assert candidate_ops(OpsAsked.read("all", spec), spec, state) == ("rms_norm",)
 
 
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from pto_patch.patching.patch_state import patch_state
 from pto_patch.run.judging import ForcedJudge, TraceRecorder
 from pto_patch.run.reference import unpatched_view
-from pto_patch.run.verification import VerifyOptions, verify_model
+from pto_patch.run.verify import VerifyOptions, verify_model
 from tests.helpers.changes import decode_fault_copy
 
 pytestmark = pytest.mark.usefixtures("kernel_package_restored")  # verify runs in process
@@ -78,7 +79,7 @@ def test_the_unpatched_view_is_the_folder_before_apply(patched_tiny):
     from pto_patch.patching.manifest import Manifest
 
     manifest = Manifest.load(patched_tiny)
-    with unpatched_view(patched_tiny) as view:
+    with unpatched_view(patched_tiny, patch_state(patched_tiny)) as view:
         assert not (view / "pto_kernels").exists()
         assert not (view / ".pto_patch").exists()
         for record in manifest.files:
@@ -99,7 +100,7 @@ def test_a_broken_backup_refuses_the_reference(patched_tiny, tmp_path):
     shutil.copytree(patched_tiny, folder, symlinks=True)
     (folder / ".pto_patch" / "backup" / "config.json").write_text("{}")
     with pytest.raises(ModelFolderError, match="backup of config.json"):
-        with unpatched_view(folder):
+        with unpatched_view(folder, patch_state(folder)):
             pass
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError, SpecError
-from pto_patch.hub.tiny_model import TextWidths, make_tiny, model_config
 from pto_patch.model.spec import load_spec
 from pto_patch.patching import engine
 from pto_patch.run.report import json_document
 from pto_patch.serving.vllm_verify import VllmVerifyOptions, compare_tokens, verify_with_vllm
+from pto_patch.tiny.model import TextWidths, make_tiny, model_config
 from tests.helpers.cli import run_cli
 
 
@@ -44,8 +44,8 @@ def test_make_tiny_refuses_widths_the_section_does_not_scale_to():
 
 
 def model_config_for(widths: TextWidths):
-    from pto_patch.hub.tiny_model import _sizes
     from pto_patch.model.spec import load_spec
+    from pto_patch.tiny.model import _sizes
 
     return _sizes(load_spec("gutenocr_3b"), False, None, widths)
 

@@ -14,7 +14,7 @@ from tests.test_generated_bad_inputs import tree_digest
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from pto_patch.hub.tiny_model import make_tiny
+    from pto_patch.tiny.model import make_tiny
 
     folder = tmp_path_factory.mktemp("tiny") / "model"
     make_tiny(folder)

@@ -1,3 +1,3 @@
-"""Where a model folder comes from: the Hub (`download`, its errors turned into messages), or the tiny
-stand-in built here (`make-tiny`). Imports `patching` (the lock, the patch state) and `model`.
+"""Where a model folder comes from: the Hub (`download`, its errors turned into messages). Imports
+`patching` (the lock, the patch state) and `model`; the offline tiny stand-in is `pto_patch.tiny`.
 """

@@ -4,7 +4,7 @@ restore.py and folder_status.py, and are named here too).
 apply plans every change in memory first (codemods, config.json, the kernel package), then
 writes backups, a manifest marked in progress, the files (each atomically), and finally marks
 the manifest complete. Any command that finds a manifest still in progress rolls that apply
-back, so an interrupted apply never leaves a half-patched folder behind (undo.py does the
+back, so an interrupted apply never leaves a half-patched folder behind (put_back.py does the
 putting back). apply and restore hold the folder's lock (folder_lock.py) from start to end.
 """
 
@@ -21,7 +21,7 @@ from pto_patch.errors import DriftError, ModelFolderError, PtoPatchError
 from pto_patch.model.folder import resolve_model_folder
 from pto_patch.model.hub_cache import is_snapshot
 from pto_patch.model.spec import ModelSpec, load_spec, parse_ops
-from pto_patch.patching import folder_lock, undo
+from pto_patch.patching import folder_lock, put_back
 from pto_patch.patching import overlay as overlays
 from pto_patch.patching.fileio import (
     atomic_write_bytes,
@@ -158,11 +158,11 @@ def _apply_locked(
         if read_only is not None:
             raise read_only
         try:
-            rolled_back = undo.recover(folder)
+            rolled_back = put_back.recover(folder)
         except OSError as exc:
             raise PtoPatchError(
                 f"rolling back the interrupted apply in {folder} failed ({exc.strerror or exc}); "
-                f"left: {undo.what_is_left(folder)}",
+                f"left: {put_back.what_is_left(folder)}",
                 "fix the cause (free disk space, permissions), then run `pto-patch restore`",
             ) from exc
     planned, info = plan_patch(folder, spec, chosen, cache, save_to_cache=not dry_run)
@@ -182,11 +182,11 @@ def _apply_locked(
     try:
         _write_patch(folder, spec, chosen, planned, info)
     except OSError as exc:
-        error = undo.failed_apply_error(folder, exc)
+        error = put_back.failed_apply_error(folder, exc)
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             error.hint = f"{error.hint}; or: {overlays.OVERLAY_HINT}"
         raise error from exc
     except BaseException:
-        undo.roll_back_failed_apply(folder)
+        put_back.roll_back_failed_apply(folder)
         raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)

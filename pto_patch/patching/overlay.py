@@ -30,7 +30,7 @@ from typing import Any
 from pto_patch.errors import EXIT_USAGE, DriftError, ModelFolderError, PtoPatchError
 from pto_patch.model import input_files
 from pto_patch.model.spec import ModelSpec
-from pto_patch.patching import folder_lock, undo
+from pto_patch.patching import folder_lock, put_back
 from pto_patch.patching.fileio import (
     atomic_symlink,
     atomic_write_bytes,
@@ -54,7 +54,7 @@ from pto_patch.patching.overlay_record import (  # noqa: F401 - the overlay's re
     _path_problem,
     record_of,
 )
-from pto_patch.patching.undo import remove_links  # noqa: F401 - restore's half, named here too
+from pto_patch.patching.put_back import remove_links  # noqa: F401 - restore's half, named here too
 
 ALWAYS_HASHED = 64 * 1024 * 1024
 OVERLAY_HINT = "apply --overlay OUT writes the patched files into OUT and links the rest; the model folder is never written"
@@ -269,7 +269,7 @@ def apply_overlay(
                 "pick a folder you can write to (and free disk space), then run apply --overlay again",
             ) from exc
         with folder_lock.exclusive(out):
-            rolled_back = undo.recover(out)
+            rolled_back = put_back.recover(out)
             entries, source_dirs = scan_source(source)
             links = tuple(e.path for e in entries if e.path not in written)
             kernel_dir = KERNEL_PACKAGE
@@ -278,11 +278,11 @@ def apply_overlay(
             try:
                 _write_overlay(out, spec, chosen, planned, info, record)
             except OSError as exc:
-                error = undo.failed_apply_error(out, exc)
+                error = put_back.failed_apply_error(out, exc)
                 _remove_if_empty(out, record)
                 raise error from exc
             except BaseException:
-                if undo.roll_back_failed_apply(out) is None:
+                if put_back.roll_back_failed_apply(out) is None:
                     _remove_if_empty(out, record)
                 raise
     return replace(result, rolled_back_interrupted=rolled_back, elapsed_s=time.perf_counter() - started)

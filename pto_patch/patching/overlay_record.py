@@ -1,5 +1,5 @@
 """An overlay's record in its manifest (`extra.overlay`): the source folder, the links and folders apply
-made in OUT, and the sha256 of every source file. The overlay writes it; undo and status read it.
+made in OUT, and the sha256 of every source file. The overlay writes it; put_back and status read it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 from pto_patch.errors import DriftError
 from pto_patch.model.folder import check_writable, resolve_model_folder
 from pto_patch.model.spec import load_spec
-from pto_patch.patching import folder_lock, undo
+from pto_patch.patching import folder_lock, put_back
 from pto_patch.patching import overlay as overlays
 from pto_patch.patching.folder_contents import kept_copies, unexpected_entries
 from pto_patch.patching.patch_state import NONE, patch_state
@@ -58,31 +58,31 @@ def _restore_locked(folder: Path, force: bool, started: float) -> RestoreResult:
     check_writable(folder, "restore")
     if state.manifest is None:
         try:
-            undo.recover(folder)
+            put_back.recover(folder)
         except OSError as exc:
-            raise undo.stopped_restore_error(folder, exc) from exc
+            raise put_back.stopped_restore_error(folder, exc) from exc
         return RestoreResult(folder, (), (), was_interrupted=True, elapsed_s=time.perf_counter() - started)
     manifest, interrupted = state.manifest, state.interrupted
     # a file already back to its original is the trace of a restore that stopped, not an edit
-    drifted = [] if interrupted else sorted(set(state.drifted) - undo.original_paths(folder, manifest))
+    drifted = [] if interrupted else sorted(set(state.drifted) - put_back.original_paths(folder, manifest))
     if drifted and not force:
         raise DriftError(
             f"{', '.join(drifted)} in {folder} changed since apply",
             "rerun with --force to restore anyway (the edited copies are kept beside as *.edited)",
         )
-    undo.check_backups(folder, manifest)  # before anything is touched
+    put_back.check_backups(folder, manifest)  # before anything is touched
     overlay_record = overlays.record_of(folder, manifest)
     try:
-        kept = undo.keep_edited_copies(folder, drifted)
+        kept = put_back.keep_edited_copies(folder, drifted)
         if not interrupted:
-            undo.mark_restoring(folder, manifest)
+            put_back.mark_restoring(folder, manifest)
         try:
-            restored, removed = undo.finish_restore(folder, manifest)
+            restored, removed = put_back.finish_restore(folder, manifest)
         except OSError:  # once more at once, as apply rolls back at once: a passing fault is gone
-            restored, removed = undo.finish_restore(folder, manifest)
+            restored, removed = put_back.finish_restore(folder, manifest)
     except OSError as exc:
-        raise undo.stopped_restore_error(folder, exc) from exc
-    purged = undo.purge_module_caches(folder, manifest)
+        raise put_back.stopped_restore_error(folder, exc) from exc
+    purged = put_back.purge_module_caches(folder, manifest)
     return RestoreResult(
         folder=folder,
         restored=tuple(restored),

@@ -24,7 +24,7 @@ from pto_patch.run.loading import versions
 from pto_patch.run.modes import BASELINE, PTO, KernelModes, modes_for
 from pto_patch.run.options import RunOptions, parse_batches
 from pto_patch.run.report import BatchRun, BenchResult, ModeRun
-from pto_patch.run.report_folder import run_reports_place
+from pto_patch.run.report_folder import output_dir_check
 from pto_patch.run.start import plan_run, start_run
 
 BASELINE_FILE = "bench_baseline.json"
@@ -85,10 +85,9 @@ def measure_copy_bandwidth(device: DeviceChoice, nbytes: int = COPY_BYTES) -> fl
 
 def run_bench(options: BenchOptions) -> BenchResult:
     batches = parse_batches(options.batches)
-    plan = plan_run(options, batch=max(batches), use_pto=True)
-    place = run_reports_place(
-        "bench", plan.folder, options.output_dir, "--output-dir", (BASELINE_FILE, PTO_FILE)
-    )
+    checks = output_dir_check("bench", options.output_dir, (BASELINE_FILE, PTO_FILE))
+    plan = plan_run(options, batch=max(batches), use_pto=True, usage_checks=checks)
+    place = plan.usage
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     folder, device = loaded.folder, loaded.device

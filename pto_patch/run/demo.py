@@ -68,10 +68,10 @@ def _isolate_modules_cache(work: Path, notes: list[str]) -> tuple[str | None, di
 def run_demo(
     directory: Path | None = None, keep: bool = False, on_step: StepCallback | None = None
 ) -> DemoResult:
-    from pto_patch.hub import tiny_model
     from pto_patch.patching import engine
     from pto_patch.run import image_inputs
-    from pto_patch.run.verification import VerifyOptions, verify_model
+    from pto_patch.run.verify import VerifyOptions, verify_model
+    from pto_patch.tiny import model as tiny_model
 
     started = time.perf_counter()
     work, created = _prepare_directory(directory)

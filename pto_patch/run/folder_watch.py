@@ -3,7 +3,7 @@
 verify, bench and tune read the folder while it is locked for the load; after that, a `restore`, an
 `apply` or a hand edit could change the files the run was judged on (a restore mid-verify makes every op
 fall back to the eager code, and the comparison of eager with eager would pass). The folder's state is
-taken when the load starts (`FolderState.now`: every file's path, size, modification time and inode, by
+taken when the run's plan checks the folder, under its lock (`FolderState.now`: every file's path, size, modification time and inode, by
 `stat` only, links judged by what they point at) and compared when the work is done (`changes`): any file
 added, removed or rewritten is a failure naming it.
 """
@@ -46,10 +46,10 @@ class FolderState:
     def now(cls, folder: Path) -> FolderState:
         return cls(Path(folder), _files(Path(folder)))
 
-    def changes(self) -> list[str]:
-        """One failure naming what changed in the folder since `now`, or none."""
+    def changed(self) -> list[str]:
+        """What changed in the folder since `now` ("NAME removed", "added", "rewritten"), sorted."""
         later = _files(self.folder)
-        changed = sorted(
+        return sorted(
             [f"{name} removed" for name in self.files.keys() - later.keys()]
             + [f"{name} added" for name in later.keys() - self.files.keys()]
             + [
@@ -58,6 +58,10 @@ class FolderState:
                 if self.files[name] != later[name]
             ]
         )
+
+    def changes(self) -> list[str]:
+        """One failure naming what changed in the folder since `now`, or none."""
+        changed = self.changed()
         if not changed:
             return []
         more = f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else ""

@@ -20,7 +20,7 @@ from pto_patch.model.spec import ModelSpec
 from pto_patch.patching.config_fix import ROPE_KEYS, choose_mrope_section
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
-from pto_patch.run.folder import FolderState, check_folder
+from pto_patch.run.folder_check import CheckedFolder, check_folder
 from pto_patch.run.hub_kernels import describe_hub_kernels, load_arguments
 from pto_patch.run.report import LoadInfo, OtherPatcher
 
@@ -98,7 +98,7 @@ class LoadedModel:
     load_s: float
     load_info: LoadInfo
     rope_fixes: list[str]
-    state: FolderState
+    state: CheckedFolder
     kernels: Any = None  # the folder's pto_kernels module when --use_pto
     other_patchers: list[OtherPatcher] = field(default_factory=list)
 
@@ -127,11 +127,13 @@ def load_model(
     use_pto: bool,
     allow_modified: bool,
     hub_kernels: bool = False,
+    checked: CheckedFolder | None = None,
 ) -> LoadedModel:
-    """Check the folder, import its kernel package, and load the model once (remote code, eager attention,
-    hub kernels only with `hub_kernels`: see `pto_patch.run.hub_kernels`)."""
+    """Check the folder (unless `checked`: a planned run's folder, decided in its plan), import its kernel
+    package, and load the model once (remote code, eager attention, hub kernels only with `hub_kernels`:
+    see `pto_patch.run.hub_kernels`)."""
     torch_dtype = resolve_dtype(dtype_name)
-    state = check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
+    state = checked or check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
     kernels = None
     if use_pto:
         kernels = import_folder_kernels(folder)

@@ -29,7 +29,7 @@ from typing import Any
 
 from pto_patch.run import progress
 from pto_patch.run.judging import RunJudgement, failure_message
-from pto_patch.run.ops import backend_for, choose_ops, op_failures, op_reports, set_switches
+from pto_patch.run.op_choice import backend_for, choose_ops, op_failures, op_reports, set_switches
 
 BASELINE = "baseline"
 PTO = "pto"
@@ -48,9 +48,8 @@ class OpChoice:
 def choose(plan, loaded, batch: int, *, use_dynamic_config: bool, lookup=None, requested=None) -> OpChoice:
     """The ops and backend for `batch` (plan: `run.start.RunPlan`; lookup: the folder's tuning, if used)."""
     switched_on, table = choose_ops(
-        plan.ops,
-        plan.spec,
-        loaded.state,
+        plan.may_switch_on,
+        loaded.state.patched_ops,
         batch,
         use_dynamic_config,
         tuning=lookup.tuning if lookup else None,

@@ -13,7 +13,7 @@ from pto_patch.run.graph.acl_graph import check_settings
 from pto_patch.run.graph.graph_decode import CACHE_KINDS
 from pto_patch.run.hub_kernels import check_hub_kernels
 from pto_patch.run.limits import check_compile_values, check_tolerances
-from pto_patch.run.ops import KERNEL_BACKENDS
+from pto_patch.run.op_choice import KERNEL_BACKENDS
 
 
 @dataclass(frozen=True)

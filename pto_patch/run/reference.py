@@ -30,7 +30,7 @@ from pto_patch.errors import ModelFolderError
 from pto_patch.patching.fileio import sha256_file
 from pto_patch.patching.manifest import MANIFEST_DIR
 from pto_patch.patching.overlay_record import record_of
-from pto_patch.patching.patch_state import patch_state
+from pto_patch.patching.patch_state import PatchState
 from pto_patch.run import progress
 from pto_patch.run.device import empty_cache, synchronize
 from pto_patch.run.judging import ReferenceGeneration, TraceRecorder
@@ -39,10 +39,9 @@ from pto_patch.run.loading import LoadedModel
 VIEW_SUFFIX = "-unpatched"  # the view's folder name: transformers names a folder's remote code after it
 
 
-def _original_entries(folder: Path) -> tuple[dict[str, Path], set[str]] | Path:
+def _original_entries(folder: Path, state: PatchState) -> tuple[dict[str, Path], set[str]] | Path:
     """For an in-place patch: (path -> where its original bytes lie, for modified files; added paths).
     For an overlay: its source folder."""
-    state = patch_state(folder)
     if not state.patched:
         raise ModelFolderError(
             f"{folder} is not patched: there is no unpatched model to take as the reference apart from itself",
@@ -94,10 +93,11 @@ def _link_tree(source: Path, target: Path, prefix: str, modified: dict[str, Path
 
 
 @contextmanager
-def unpatched_view(folder: Path) -> Iterator[Path]:
-    """A temporary folder that holds `folder` as it was before apply (links, no copies), removed after."""
+def unpatched_view(folder: Path, state: PatchState) -> Iterator[Path]:
+    """A temporary folder that holds `folder` as it was before apply (links, no copies), removed after;
+    `state`: the folder's patch state, as its caller decided it (a run's plan: `patching.patch_state`)."""
     folder = Path(folder).resolve()
-    originals = _original_entries(folder)
+    originals = _original_entries(folder, state)
     if isinstance(originals, Path):  # an overlay: its source is the unpatched model
         yield originals
         return
@@ -207,15 +207,13 @@ class Reference:
 def open_reference(plan) -> Iterator[Reference]:
     """Load the planned folder's unpatched model (plan: `run.start.RunPlan`) for the length of the block."""
     from pto_patch.patching import folder_lock
-    from pto_patch.run.folder import check_folder
 
-    options = plan.options
+    # the folder's state is the plan's (half-patched, drifted or unpatched folders were refused there)
     with folder_lock.shared(plan.folder):
-        # half-patched, drifted or unpatched folders are refused with their own message first
-        check_folder(plan.folder, use_pto=True, allow_modified=options.allow_modified)
-    with folder_lock.shared(plan.folder), unpatched_view(plan.folder) as view:
-        reference = Reference(plan.spec, plan.device, options.dtype, view)
-        try:
-            yield reference
-        finally:
-            reference.close()
+        plan.check_unchanged()
+        with unpatched_view(plan.folder, plan.checked.patch) as view:
+            reference = Reference(plan.spec, plan.device, plan.options.dtype, view)
+            try:
+                yield reference
+            finally:
+                reference.close()

@@ -92,6 +92,12 @@ class ReportPlace:
         raise PtoPatchError(f"{self.path}: too many report folders of this name", "pass --output-dir")
 
 
+def output_dir_check(command: str, output_dir: Path | None, files: tuple[str, ...]):
+    """A plan's usage check (`run.start.plan_run`): `--output-dir`'s place for `files`, once the model
+    folder is known (`run_reports_place`); the plan keeps the place as `plan.usage`."""
+    return lambda model_folder: run_reports_place(command, model_folder, output_dir, "--output-dir", files)
+
+
 def run_reports_place(
     command: str, model_folder: Path, requested: Path | None, option: str, files: tuple[str, ...] = ()
 ) -> ReportPlace:

@@ -2,8 +2,11 @@
 once.
 
 A run's options are read in one pass (`plan_run`), before anything loads: every value checked, `--image`,
-the device, `--ops` parsed, the model folder named and the ops it must hold. The rest of the run reads
-the frozen `RunPlan` and never parses an option again.
+the device, `--ops` parsed, the model folder named and the ops it must hold. The folder's patch state is
+decided there once, under its lock, with the ops the run may switch on and the folder's files as they were
+(`run.folder_watch`): the reference and the load take them from the plan, and refuse to go on if a file
+changed since (a restore, an apply, an edit). The rest of the run reads the frozen `RunPlan` and never
+parses an option or decides the folder's state again.
 
 An op `--ops` names that apply did not patch in has no guard to reach, so its run could only end in
 "switched on but never ran" after the whole load and both modes; the manifest already says what is
@@ -12,20 +15,23 @@ patched, so one line naming it, and the commands that would add the rest, come f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.errors import EXIT_USAGE, ModelFolderError, PtoPatchError
 from pto_patch.model.spec import OPS, ModelSpec, OpsAsked, load_spec
 from pto_patch.patching import folder_lock
-from pto_patch.patching.patch_state import patch_state
+from pto_patch.patching.patch_state import PatchState, patch_state
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
+from pto_patch.run.folder_check import CheckedFolder, check_folder
 from pto_patch.run.folder_watch import FolderState
 from pto_patch.run.inputs import check_image
 from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
-from pto_patch.run.ops import choose_ops
+from pto_patch.run.op_choice import candidate_ops
 from pto_patch.run.options import RunOptions, check_option_values
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
 from pto_patch.run.report_folder import check_report_place
@@ -43,11 +49,36 @@ class RunPlan:
     use_pto: bool  # whether a PTO mode runs
     ops: OpsAsked  # --ops, parsed
     device: DeviceChoice
+    checked: CheckedFolder  # the folder's patch state, decided once
+    watched: FolderState  # the folder's files when it was checked: a change after that fails the run
+    may_switch_on: tuple[str, ...]  # every op the run may switch on (--use_dynamic_config: a subset a batch)
+    usage: Any = None  # what the command's own usage checks returned (plan_run's `usage_checks`)
+
+    def check_unchanged(self) -> None:
+        """Refuse to go on (the reference, the load) when a file of the folder changed since the plan
+        checked it: what the plan decided would not be what runs."""
+        changed = self.watched.changed()
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise ModelFolderError(
+                f"{self.folder} changed since this run checked it ({', '.join(changed[:3])}{more})",
+                "run again once nothing changes the folder meanwhile (an apply, a restore, an edit)",
+            )
 
 
-def plan_run(options: RunOptions, *, batch: int, use_pto: bool, report_file: Path | None = None) -> RunPlan:
+def plan_run(
+    options: RunOptions,
+    *,
+    batch: int,
+    use_pto: bool,
+    report_file: Path | None = None,
+    usage_checks: Callable[[Path], Any] | None = None,
+) -> RunPlan:
     """Usage errors first (every option value, --image), the device, the report's place; then the spec,
-    `--ops` read once, the folder's name and the ops it must hold. Nothing loads."""
+    `--ops` read once, the folder's name; the command's own usage checks that need the folder
+    (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`); then,
+    under the folder's lock, its inputs, the ops it must hold and its patch state, decided once. Nothing
+    loads."""
     from pto_patch.model.folder import check_folder_auto_map, check_model_inputs, resolve_model_folder
 
     check_option_values(options, batch)
@@ -62,22 +93,29 @@ def plan_run(options: RunOptions, *, batch: int, use_pto: bool, report_file: Pat
     if report_file is not None:
         inputs = {"--model": spec.source_path, "--image": options.image}
         check_target(Path(report_file), "--report-file", inputs, model_folder=folder)
+    usage = usage_checks(folder) if usage_checks is not None else None
     with folder_lock.shared(folder):  # a writer at work: stop at once, never read its half-written files
         check_model_inputs(folder)
         check_folder_auto_map(folder, spec)  # nothing imported from outside it, nothing fetched
         check_output_length(options.output_length, folder)  # within max_position_embeddings
-    if use_pto:
-        check_ops_patched(asked, folder)
-    return RunPlan(options, spec, folder, batch, use_pto, asked, device)
+        state = patch_state(folder)  # decided once: every later step reads it from the plan
+        if use_pto:
+            check_ops_patched(asked, folder, state)
+        # half-patched, drifted or (with use_pto) unpatched folders are refused here, with their own message
+        checked = check_folder(folder, use_pto=use_pto, allow_modified=options.allow_modified, state=state)
+        watched = FolderState.now(folder)
+    may_switch_on = candidate_ops(asked, spec, checked) if use_pto else ()
+    return RunPlan(
+        options, spec, folder, batch, use_pto, asked, device, checked, watched, may_switch_on, usage
+    )
 
 
-def check_ops_patched(asked: OpsAsked, folder: Path) -> None:
+def check_ops_patched(asked: OpsAsked, folder: Path, state: PatchState) -> None:
     """Refuse `--ops` naming an op the folder was not patched with (`all` means every patched op).
     A folder that is not patched, or half patched, is left to the folder check, which says so."""
     if asked.named is None or asked.every_patched:
         return
     wanted = asked.named
-    state = patch_state(folder)
     if not state.patched:
         return
     patched = tuple(state.manifest.ops)
@@ -102,7 +140,7 @@ class StartedRun:
     loaded: LoadedModel
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    folder_state: FolderState | None = None  # the folder as loaded (run/folder_watch)
+    folder_state: FolderState | None = None  # the folder as the plan checked it (run/folder_watch)
 
     def folder_changes(self) -> list[str]:
         """A failure naming what changed in the folder since it loaded (a restore, an edit), or none."""
@@ -114,6 +152,7 @@ def start_run(plan: RunPlan) -> StartedRun:
     it), under a shared lock: no apply or restore may change the files while they are checked and loaded."""
     options = plan.options
     with folder_lock.shared(plan.folder):
+        plan.check_unchanged()
         progress.phase("loading the patched model")
         loaded = loading.load_model(
             plan.spec,
@@ -123,8 +162,8 @@ def start_run(plan: RunPlan) -> StartedRun:
             use_pto=plan.use_pto,
             allow_modified=options.allow_modified,
             hub_kernels=options.hub_kernels,
+            checked=plan.checked,
         )
-        state = FolderState.now(plan.folder)  # what was loaded, compared when the work is done
     warnings: list[str] = []
     if loaded.state.modified_files:
         warnings.append(
@@ -138,9 +177,6 @@ def start_run(plan: RunPlan) -> StartedRun:
         )
     failures = load_failures(loaded.load_info)
     loaded.other_patchers = find_other_patchers(loaded.model, plan.spec)
-    # Every op this run may switch on (--use_dynamic_config only ever switches a subset of these on).
-    may_switch_on = (
-        choose_ops(plan.ops, plan.spec, loaded.state, plan.batch, False)[0] if plan.use_pto else ()
-    )
-    more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, may_switch_on)
-    return StartedRun(loaded, failures + more_failures, warnings + more_warnings, state)
+    more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, plan.may_switch_on)
+    # the folder as the plan checked it: a change after that (meanwhile or after the load) fails the run
+    return StartedRun(loaded, failures + more_failures, warnings + more_warnings, plan.watched)

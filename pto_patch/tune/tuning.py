@@ -215,8 +215,13 @@ def run_tune(
     """
     began = clock()
     batches = check_tune_options(options)
-    plan = plan_run(options, batch=max(batches), use_pto=True)
-    check_room(tuning_path(plan.folder), TUNING_FILE)  # room and permission, before the search
+    # room and permission for the tuning file, before the search
+    plan = plan_run(
+        options,
+        batch=max(batches),
+        use_pto=True,
+        usage_checks=lambda folder: check_room(tuning_path(folder), TUNING_FILE),
+    )
     with folder_lock.exclusive(plan.folder):
         return _tune(plan, batches, began, on_run, clock)
 

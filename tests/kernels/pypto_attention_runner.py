@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden_cases as gc  # noqa: E402
 import torch  # noqa: E402
-from pto_kernels.backends import pypto_attention, pypto_kernels  # noqa: E402
+from pto_kernels.backends import pypto_attention, pypto_runtime  # noqa: E402
 from pto_kernels.tiling.tile_table import attention_core_config  # noqa: E402
 
 MERGED = "gutenocr-tail2065-batch2-bf16"  # 3 chunks, the last a 17-position tail; a sequence ends in the 2nd
@@ -42,7 +42,7 @@ def _no_merge_weights():
     right = pypto_attention._chunk_weights
 
     def ones(tops):
-        pypto = pypto_kernels._pypto()
+        pypto = pypto_runtime.pypto_module()
         return pypto.add(pypto.mul(tops, 0.0), 1.0)
 
     pypto_attention._chunk_weights = ones
@@ -96,7 +96,7 @@ def _run(case: dict) -> dict:
 
 
 def main(out_path: str) -> None:
-    pypto_kernels.POISON_OUTPUTS = True
+    pypto_runtime.POISON_OUTPUTS = True
     results, seconds = {}, {}
     cases = {case["id"]: case for case in gc.load("attention_core", "pypto_cases")}
     with torch.no_grad():
@@ -109,14 +109,14 @@ def main(out_path: str) -> None:
             "case": first,
             "output": pypto_attention.attention_core(*gc.attention_core_inputs(first)),
         }
-        kernel_stats = pypto_kernels.kernel_stats()  # every case its own shape, then one repeated
+        kernel_stats = pypto_runtime.kernel_stats()  # every case its own shape, then one repeated
         for name, (sabotage, broken) in SABOTAGE.items():
             restore = sabotage()
-            pypto_kernels.KERNELS.clear()  # the kernel is built again, sabotaged
+            pypto_runtime.KERNELS.clear()  # the kernel is built again, sabotaged
             for case_id in broken:
                 results[f"sabotaged/{name}/{case_id}"] = _run(cases[case_id])
             restore()
-            pypto_kernels.KERNELS.clear()
+            pypto_runtime.KERNELS.clear()
         results |= dispatched(cases[ONE_CHUNK])
     torch.save({"results": results, "seconds": seconds, "stats": kernel_stats}, out_path)
 

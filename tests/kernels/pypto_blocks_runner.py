@@ -3,7 +3,7 @@
 Invoked by test_kernels_pypto_blocks.py in a subprocess (a g++ failure inside pypto exits the process).
 Usage: python pypto_blocks_runner.py OUT.pt
 
-Every case calls pypto_kernels' entry directly (no dispatch, so no torch fallback can stand in for a
+Every case calls the PyPTO modules' entry directly (no dispatch, so no torch fallback can stand in for a
 kernel) on NaN-poisoned outputs. A `sabotaged` case runs the kernel on deliberately wrong inputs (a wrong
 weight, gate and up swapped, sections or tables swapped); the test compares its output with the reference
 of the right inputs and expects the comparison to fail.
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
-from pto_kernels.backends import pypto, pypto_blocks, pypto_kernels, pypto_prologue  # noqa: E402
+from pto_kernels.backends import pypto, pypto_blocks, pypto_prologue, pypto_runtime  # noqa: E402
 from pto_kernels.tiling.tile_table import tile_config  # noqa: E402
 
 HIDDEN, INTER, Q_HEADS, K_HEADS, EPS = 64, 128, 4, 2, 1e-6
@@ -111,7 +111,7 @@ ENTRIES = ("residual_rms_norm", "mlp_block", "attention_prologue", "attention_pr
 
 
 def main(out_path: str) -> None:
-    pypto_kernels.POISON_OUTPUTS = True
+    pypto_runtime.POISON_OUTPUTS = True
     results, seconds = {}, {}
     with torch.no_grad():
         for seed, (dtype, shape) in enumerate(CASES, start=301):
@@ -134,14 +134,14 @@ def main(out_path: str) -> None:
         config = tile_config("linear", x.shape[0], HIDDEN)[1]
         kernel = pypto_blocks._build_linear(x.shape[0], HIDDEN, weight.shape[0], x.dtype, config, "cpu")
         out = torch.full((x.shape[0], weight.shape[0]), float("nan"), dtype=x.dtype)
-        with pypto_kernels._quiet_stdout("cpu"):
+        with pypto_runtime.quiet_stdout("cpu"):
             kernel(x, weight, out)
         results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
         results |= prologue_probes(make_inputs("bfloat16", "decode", 403))
         results |= cached_prologues(make_inputs("bfloat16", "decode", 404))
         results |= dispatched(make_inputs("float32", "rows6", 402))
         results |= dispatched_into_cache(make_inputs("bfloat16", "decode", 405))
-    stats = pypto_kernels.kernel_stats()
+    stats = pypto_runtime.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
 
 
@@ -205,7 +205,7 @@ def prologue_probes(i: dict) -> dict:
             x.shape[0], HIDDEN, Q_HEADS, K_HEADS, head_dim, epilogue, config, "cpu"
         )
         outs = [torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype) for w in weights]
-        with pypto_kernels._quiet_stdout("cpu"):
+        with pypto_runtime.quiet_stdout("cpu"):
             kernel(x, *weights, *outs)
         out[f"prologue_bound/{epilogue}"] = {"inputs": {"x": x, "weights": weights}, "output": outs}
     return out

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_cases as gc  # noqa: E402
 import pto_kernels  # noqa: E402
 import torch  # noqa: E402
-from pto_kernels.backends import pypto_kernels  # noqa: E402
+from pto_kernels.backends import pypto_ops, pypto_runtime  # noqa: E402
 
 # the sweep: prompt lengths and batch sizes of prefill (short: the interpreter is slow), then one decode
 # token per sequence
@@ -65,12 +65,12 @@ def run_golden() -> dict:
         outputs["swiglu_mlp/" + case["id"]] = pto_kernels.swiglu_mlp_wrapper(mlp, x)
         seconds["swiglu_mlp/" + case["id"]] = time.perf_counter() - start
         if index == 0:
-            built = pypto_kernels.kernel_stats()["swiglu_mlp"]["built"]
-            layouts = pypto_kernels.WEIGHT_LAYOUTS.builds
+            built = pypto_runtime.kernel_stats()["swiglu_mlp"]["built"]
+            layouts = pypto_ops.WEIGHT_LAYOUTS.builds
             again = pto_kernels.swiglu_mlp_wrapper(mlp, x)  # same shape and module: nothing rebuilt
             repeat = {
-                "kernel_builds_added": pypto_kernels.kernel_stats()["swiglu_mlp"]["built"] - built,
-                "layouts_added": pypto_kernels.WEIGHT_LAYOUTS.builds - layouts,
+                "kernel_builds_added": pypto_runtime.kernel_stats()["swiglu_mlp"]["built"] - built,
+                "layouts_added": pypto_ops.WEIGHT_LAYOUTS.builds - layouts,
                 "same_result": bool(torch.equal(again, outputs["swiglu_mlp/" + case["id"]])),
             }
     # each tile-table entry, with a check that the call really ran under that entry's tiling
@@ -80,7 +80,7 @@ def run_golden() -> dict:
         outputs["table/" + case["id"]] = _call(case["op"], case)
         seconds["table/" + case["id"]] = time.perf_counter() - start
         used_configs[case["id"]] = [
-            repr(key[2]) for key in pypto_kernels.KERNELS._kernels if key[0] == case["op"]
+            repr(key[2]) for key in pypto_runtime.KERNELS._kernels if key[0] == case["op"]
         ]
     return {"outputs": outputs, "seconds": seconds, "repeat": repeat, "used_configs": used_configs}
 
@@ -121,7 +121,7 @@ def run_sweep() -> dict:
 
 def main(mode: str, out_path: str) -> None:
     os.environ["PTO_KERNELS_STRICT"] = "1"  # a kernel failure must not hide behind the torch path
-    pypto_kernels.POISON_OUTPUTS = True
+    pypto_runtime.POISON_OUTPUTS = True
     pto_kernels.enable(backend="pypto")
     with torch.no_grad():
         result = run_golden() if mode == "golden" else run_sweep()

@@ -16,17 +16,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels"))
 
 import torch  # noqa: E402
-from pto_kernels.backends import pypto_kernels  # noqa: E402
+from pto_kernels.backends import pypto_runtime  # noqa: E402
 from pto_kernels.tiling.tile_table import TileConfig  # noqa: E402
 
 HEADS, CACHE, DIM, ROWS = 2, 16, 8, 16
 
 
 def build():
-    pypto = pypto_kernels._pypto()
+    pypto = pypto_runtime.pypto_module()
     fp32, int32 = pypto.DT_FP32, pypto.DT_INT32
 
-    @pypto_kernels._jit("cpu", TileConfig(row_tile=1))
+    @pypto_runtime.jit("cpu", TileConfig(row_tile=1))
     def offset_kernel(
         new: pypto.Tensor([HEADS, DIM], fp32),
         position: pypto.Tensor([1, 1], int32),
@@ -39,7 +39,7 @@ def build():
                 row = pypto.add(pypto.view(new, [1, DIM], [head, 0]), 0.0)
                 pypto.assemble(row, [head * CACHE + at, 0], cache)
 
-    @pypto_kernels._jit("cpu", TileConfig(row_tile=1))
+    @pypto_runtime.jit("cpu", TileConfig(row_tile=1))
     def bound_kernel(
         x: pypto.Tensor([ROWS, DIM], fp32),
         count: pypto.Tensor([1, 1], int32),
@@ -58,12 +58,12 @@ def main(out_path: str) -> None:
     for value in (5, 11):
         new = torch.randn(HEADS, DIM) + 10.0  # never zero: a written row is told from the zeros around it
         cache = torch.zeros(HEADS * CACHE, DIM)
-        with pypto_kernels._launching(new):
+        with pypto_runtime.launching(new):
             offset_kernel(new, torch.tensor([[value]], dtype=torch.int32), cache)
         results[f"offset/{value}"] = {"new": new, "cache": cache}
         x = torch.randn(ROWS, DIM) + 10.0
         out = torch.zeros(ROWS, DIM)
-        with pypto_kernels._launching(x):
+        with pypto_runtime.launching(x):
             bound_kernel(x, torch.tensor([[value]], dtype=torch.int32), out)
         results[f"bound/{value}"] = {"x": x, "out": out}
     torch.save(results, out_path)

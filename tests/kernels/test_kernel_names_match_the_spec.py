@@ -11,7 +11,7 @@ from pto_kernels import _dispatch
 
 from pto_patch.errors import SpecError
 from pto_patch.model.spec import OPS, SWITCHES, ModelSpec, known_specs, load_spec, specs_dir
-from pto_patch.run.ops import KERNEL_BACKENDS
+from pto_patch.run.op_choice import KERNEL_BACKENDS
 
 
 def test_ops_agree():

@@ -10,7 +10,7 @@ import pto_kernels
 import pytest
 import torch
 from pto_kernels import _dispatch
-from pto_kernels.backends import fused, pypto_kernels
+from pto_kernels.backends import fused, pypto_pieces
 
 KERNELS_DIR = str(gc.GOLDEN_DIR.parents[1] / "kernels")
 
@@ -172,7 +172,7 @@ def test_mrope_tables_mixed_once_per_forward():
 def test_mlp_weights_laid_out_once_and_again_after_a_change():
     case = {"seed": 3, "hidden": 32, "intermediate": 48, "dtype": "float32", "tokens": [1, 2]}
     mlp = gc.mlp_module(case)
-    layouts = pypto_kernels._WeightLayouts()
+    layouts = pypto_pieces.WeightLayouts()
     first = layouts.get(mlp, torch.float32)
     again = layouts.get(mlp, torch.float32)
     assert layouts.builds == 1 and all(a is b for a, b in zip(first, again, strict=True))

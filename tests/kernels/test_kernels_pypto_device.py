@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pto_kernels.backends import pypto_device, pypto_kernels
+from pto_kernels.backends import pypto_device, pypto_ops, pypto_runtime
 
 REAL_MAPS = "7f00-7f01 r-xp 0 08:01 1 /venv/pypto/lib/libtile_fwk_runtime.so\n"
 STUB_MAPS = "7f00-7f01 r-xp 0 08:01 1 /venv/pypto/lib/libtile_fwk_runtime_stub.so\n"
@@ -186,10 +186,10 @@ def test_an_npu_kernel_here_falls_back_with_the_reason_counted(monkeypatch):
     import pto_kernels
 
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
-    monkeypatch.setattr(pypto_kernels, "_device_type", lambda tensor: "npu")
+    monkeypatch.setattr(pypto_runtime, "device_type_of", lambda tensor: "npu")
     pypto_device.reset()
     built = []
-    monkeypatch.setattr(pypto_kernels, "_build_rms_norm", lambda *args: built.append(args))
+    monkeypatch.setattr(pypto_ops, "_build_rms_norm", lambda *args: built.append(args))
     x, weight = torch.randn(1, 3, 64), torch.rand(64) + 0.5
     try:
         with pto_kernels.enabled(("rms_norm",), backend="pypto"):
@@ -212,12 +212,12 @@ def test_no_kernel_compiles_inside_a_graph_capture(monkeypatch):
     monkeypatch.setattr(pypto_device, "prepare", lambda: None)
     monkeypatch.setattr(pypto_device, "capturing", lambda device_type: True)
     with pytest.raises(pypto_device.CompileDuringCaptureError, match="run the model eagerly once"):
-        pypto_kernels._kernel(("rms_norm", "test-capture"), "npu", lambda: pytest.fail("built"))
-    pypto_kernels.KERNELS.get(("rms_norm", "test-capture"), lambda: types.SimpleNamespace(compile=None))
+        pypto_runtime.cached_kernel(("rms_norm", "test-capture"), "npu", lambda: pytest.fail("built"))
+    pypto_runtime.KERNELS.get(("rms_norm", "test-capture"), lambda: types.SimpleNamespace(compile=None))
     try:  # compiled before the capture: replayed as it is
-        assert pypto_kernels._kernel(("rms_norm", "test-capture"), "npu", lambda: pytest.fail("built"))
+        assert pypto_runtime.cached_kernel(("rms_norm", "test-capture"), "npu", lambda: pytest.fail("built"))
     finally:
-        pypto_kernels.KERNELS.clear()
+        pypto_runtime.KERNELS.clear()
 
 
 class StandInNpu:
@@ -276,17 +276,17 @@ def test_the_interpreter_builds_as_cpp20_where_torchs_headers_need_it(tmp_path, 
     (lib / "calculator" / "CMakeLists.txt").write_text("project(x)\nset(CMAKE_CXX_STANDARD 17)\n")
     (lib / "libc_sec.so").write_text("")
     manager = types.SimpleNamespace(pkg_lib_dir=str(lib))
-    monkeypatch.setattr(pypto_kernels, "torch_headers_need_cxx20", lambda: False)
-    assert pypto_kernels._calculator_source(manager, tmp_path / "build") == lib / "calculator"
-    monkeypatch.setattr(pypto_kernels, "torch_headers_need_cxx20", lambda: True)
-    copy = pypto_kernels._calculator_source(manager, tmp_path / "build")
+    monkeypatch.setattr(pypto_runtime, "torch_headers_need_cxx20", lambda: False)
+    assert pypto_runtime._calculator_source(manager, tmp_path / "build") == lib / "calculator"
+    monkeypatch.setattr(pypto_runtime, "torch_headers_need_cxx20", lambda: True)
+    copy = pypto_runtime._calculator_source(manager, tmp_path / "build")
     assert copy == tmp_path / "build" / "src" / "calculator"
     assert "set(CMAKE_CXX_STANDARD 20)" in (copy / "CMakeLists.txt").read_text()
     assert (copy.parent / "libc_sec.so").resolve() == (lib / "libc_sec.so").resolve()
     assert (lib / "calculator" / "CMakeLists.txt").read_text().endswith("STANDARD 17)\n")  # pypto's untouched
-    assert pypto_kernels._calculator_source(manager, tmp_path / "build") == copy  # made once
+    assert pypto_runtime._calculator_source(manager, tmp_path / "build") == copy  # made once
 
 
 def test_torch_2_14s_headers_are_the_ones_that_need_cpp20():
     release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    assert pypto_kernels.torch_headers_need_cxx20() is (release >= (2, 14))
+    assert pypto_runtime.torch_headers_need_cxx20() is (release >= (2, 14))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pto_kernels.backends import pypto_kernels
+from pto_kernels.backends import pypto_ops
 from pto_kernels.tiling import tile_budget
 from pto_kernels.tiling.tile_table import BLOCK_TILE_TABLE, TILE_TABLE, TileConfig
 
@@ -111,7 +111,7 @@ def test_an_over_budget_call_is_refused_before_pypto_compiles():
     with pytest.raises(
         tile_budget.TileBudgetError, match=r"swiglu_mlp tiling does not fit the chip: gate/up: L1"
     ):
-        pypto_kernels._run_swiglu_mlp(x, *weights)
+        pypto_ops._run_swiglu_mlp(x, *weights)
 
 
 def test_an_over_budget_kernel_falls_back_with_its_reason_counted():

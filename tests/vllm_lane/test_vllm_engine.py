@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pto_patch.hub.tiny_model import TextWidths, make_tiny
 from pto_patch.resources import kernel_package_dir
 from pto_patch.run.image_inputs import sample_image
+from pto_patch.tiny.model import TextWidths, make_tiny
 
 pytestmark = [
     pytest.mark.vllm,

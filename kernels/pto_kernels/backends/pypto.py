@@ -1,17 +1,17 @@
 """The pypto backend as the dispatcher sees it: each kernel entry, from the PyPTO module that defines it.
 
-The reference system's three ops (and the serving engines' forms of them) live in pypto_kernels.py with the
-machinery every PyPTO kernel shares; the decoder-layer blocks in pypto_blocks.py, pypto_prologue.py and
-pypto_attention.py, which import that machinery. An entry (pto_kernels/entries.py names them) is the function
+The reference system's three ops (and the serving engines' forms of them) live in pypto_ops.py; the
+decoder-layer blocks in pypto_blocks.py, pypto_prologue.py and pypto_attention.py. All launch through
+pypto_runtime.py (the jit, the kernel cache and its counts). An entry (pto_kernels/entries.py names them) is the function
 of its name that one of these modules defines (not one it imports): found once, then looked up in that module
 at every call, so a kernel replaced there (a test, a hot fix) is seen. Neither module imports this one.
 """
 
 from types import ModuleType
 
-from . import pypto_attention, pypto_blocks, pypto_kernels, pypto_prologue
+from . import pypto_attention, pypto_blocks, pypto_ops, pypto_prologue, pypto_runtime
 
-MODULES = (pypto_kernels, pypto_blocks, pypto_prologue, pypto_attention)
+MODULES = (pypto_ops, pypto_blocks, pypto_prologue, pypto_attention)
 _defined_in: dict[str, ModuleType] = {}
 
 
@@ -29,11 +29,11 @@ def module_of(name: str) -> ModuleType | None:
 
 def kernel_stats() -> dict[str, dict]:
     """Per op: kernels built, pypto compiles and their seconds, cache hits, evictions and kernels held."""
-    return pypto_kernels.kernel_stats()
+    return pypto_runtime.kernel_stats()
 
 
 def reset_kernel_stats() -> None:
-    pypto_kernels.reset_kernel_stats()
+    pypto_runtime.reset_kernel_stats()
 
 
 def __getattr__(name: str):

@@ -34,7 +34,7 @@ import torch
 from ..tiling import tile_budget
 from ..tiling.tile_table import DECODE_MAX_ROWS, TileConfig, attention_core_config
 from . import decode_lengths, reference
-from .pypto_kernels import _device_type, _dtype, _jit, _kernel, _kernel_key, _launching, _new_output, _pypto
+from . import pypto_runtime as runtime
 
 MASKED = 1e30  # a masked score gets -MASKED per position past its row's limit: exp() of it is 0
 BLOCK = 16  # cube fractal: chunk widths and tiles are whole blocks
@@ -75,8 +75,8 @@ def _build_attention_core(
     [batch*kv_heads*cache_len, dim], bias [batch * bias_rows(s, group), cache_len] fp32 (the mask, see the
     module docstring); two fp32 scratch tensors hold the chunks' partials: (m, l) [.., 2 * padded chunk
     count] and A [.., chunks * dim]."""
-    pypto = _pypto()
-    dt, fp32 = _dtype(dtype), pypto.DT_FP32
+    pypto = runtime.pypto_module()
+    dt, fp32 = runtime.pypto_dtype(dtype), pypto.DT_FP32
     rows = group * new_rows
     chunk = chunk_width(config, cache_len, batch * kv_heads)
     chunks = -(-cache_len // chunk)
@@ -149,7 +149,7 @@ def _build_attention_core(
                 summed = term if summed is None else pypto.add(summed, term)
             pypto.assemble(pypto.cast(pypto.div(summed, total), dt), [row, 0], out)
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def attention_core_kernel(
         q: pypto.Tensor([heads * rows, dim], dt),
         k: pypto.Tensor([heads * cache_len, dim], dt),
@@ -207,7 +207,7 @@ def bias_rows(new_rows: int, group: int) -> int:
 
 def _chunk_weights(tops):
     """Inside a kernel: each chunk's weight in the merge, exp(m_c - max_c m_c), from the chunks' row maxima."""
-    pypto = _pypto()
+    pypto = runtime.pypto_module()
     return pypto.exp(pypto.sub(tops, pypto.amax(tops, -1, True)))
 
 
@@ -288,15 +288,15 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None
             f"pypto attention_core is a decode kernel: at most {DECODE_MAX_ROWS} rows, not {seq}"
         )
     dtype, group = query.dtype, q_heads // kv_heads
-    rows, device_type = group * seq, _device_type(query)
+    rows, device_type = group * seq, runtime.device_type_of(query)
     _, config = attention_core_config(seq, dim, cache_len)
     chunk = chunk_width(config, cache_len, batch * kv_heads)
     tile_budget.check(
         "attention_core", config, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
     )
-    key = _kernel_key("attention_core", config, seq, batch, kv_heads, group, cache_len, dim, dtype)
+    key = runtime.kernel_key("attention_core", config, seq, batch, kv_heads, group, cache_len, dim, dtype)
     key += (float(scale), device_type)
-    kernel = _kernel(
+    kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_attention_core(
@@ -310,9 +310,9 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None
     bias = CONSTANTS.bias(kv_lens, group, seq, cache_len, kv_starts)
     spans = CONSTANTS.spans(kv_lens, chunk, cache_len, kv_starts)
     chunks = -(-cache_len // chunk)
-    out = _new_output(q)
+    out = runtime.new_output(q)
     ml_buf, acc_buf = CONSTANTS.scratch(kv_lens, kv_starts, q.shape[0], chunks, dim, q.device)
-    with _launching(q):
+    with runtime.launching(q):
         kernel(q, k, v, bias, spans, out, ml_buf, acc_buf)
     # rows (kv head, q head in group, position) -> [b, s, q_heads * d]
     out = out.reshape(batch, q_heads, seq, dim).transpose(1, 2)

@@ -1,8 +1,8 @@
 """PyPTO 0.2 kernels of the decoder-layer blocks, one kernel each: residual add + RMSNorm; o_proj + residual
 + RMSNorm + SiLU MLP + residual (the attention prologue, RMSNorm + q/k/v + MRoPE, is pypto_prologue.py's).
 
-They share pypto_kernels' machinery (the jit, the kernel cache and its stats, the interpreter hand-over, the
-in-kernel RMSNorm, rotation and SwiGLU); pypto.py hands their entries to the dispatcher.
+They launch through pypto_runtime.py (the jit, the kernel cache and its stats, the interpreter hand-over) and
+are built from pypto_pieces.py's in-kernel RMSNorm and SwiGLU; pypto.py hands their entries to the dispatcher.
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
@@ -11,19 +11,8 @@ import torch
 
 from ..tiling import tile_budget
 from ..tiling.tile_table import TileConfig, tile_config
-from .pypto_kernels import (
-    _device_type,
-    _dtype,
-    _jit,
-    _kernel,
-    _kernel_key,
-    _launching,
-    _new_output,
-    _normed,
-    _pypto,
-    _row_axis,
-    _swiglu,
-)
+from . import pypto_runtime as runtime
+from .pypto_pieces import normed_tile, swiglu_tile
 
 # --- decoder-layer blocks ----------------------------------------------------------------------------
 # Several of a layer's ops as one kernel each: residual add + RMSNorm; o_proj + residual + RMSNorm + SiLU
@@ -50,14 +39,14 @@ def _block_tiles(config: TileConfig) -> tuple[list[int], list[int], list[int], i
 
 
 def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
-    pypto = _pypto()
-    dt, fp32 = _dtype(dtype), pypto.DT_FP32
-    rows_axis = _row_axis(config, rows)
+    pypto = runtime.pypto_module()
+    dt, fp32 = runtime.pypto_dtype(dtype), pypto.DT_FP32
+    rows_axis = runtime.row_axis(config, rows)
     tile = config.row_tile
 
     norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def residual_rms_norm_kernel(
         x: pypto.Tensor([rows_axis, hidden], dt),
         residual: pypto.Tensor([rows_axis, hidden], dt),
@@ -75,7 +64,9 @@ def _build_residual_rms_norm(rows, hidden, dtype, eps, config, device_type):
             rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             summed = pypto.add(rt, xt)  # in dt: rounded, as transformers' `residual + hidden_states`
             pypto.assemble(summed, [start, 0], summed_out)
-            pypto.assemble(_normed(pypto.cast(summed, fp32), weight, hidden, eps, dt), [start, 0], normed_out)
+            pypto.assemble(
+                normed_tile(pypto.cast(summed, fp32), weight, hidden, eps, dt), [start, 0], normed_out
+            )
         pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
     return residual_rms_norm_kernel
@@ -101,24 +92,24 @@ def residual_rms_norm(hidden_states, residual, weight, eps: float = 1e-6):
     shape, hidden = hidden_states.shape, hidden_states.shape[-1]
     x, r = _flat_rows(hidden_states, dtype), _flat_rows(residual, dtype)
     w = weight.to(dtype).reshape(1, hidden).contiguous()
-    rows, device_type = x.shape[0], _device_type(x)
+    rows, device_type = x.shape[0], runtime.device_type_of(x)
     _, config = tile_config("residual_rms_norm", rows, hidden)
-    key = _kernel_key("residual_rms_norm", config, rows, hidden, dtype, float(eps), device_type)
-    kernel = _kernel(
+    key = runtime.kernel_key("residual_rms_norm", config, rows, hidden, dtype, float(eps), device_type)
+    kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_residual_rms_norm(rows, hidden, dtype, float(eps), config, device_type),
     )
-    normed, summed = _new_output(x), _new_output(x)
-    with _launching(x):
+    normed, summed = runtime.new_output(x), runtime.new_output(x)
+    with runtime.launching(x):
         kernel(x, r, w, normed, summed)
     return normed.reshape(shape).to(torch.promote_types(dtype, weight.dtype)), summed.reshape(shape)
 
 
 def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device_type):
-    pypto = _pypto()
-    dt, fp32 = _dtype(dtype), pypto.DT_FP32
-    rows_axis = _row_axis(config, rows)
+    pypto = runtime.pypto_module()
+    dt, fp32 = runtime.pypto_dtype(dtype), pypto.DT_FP32
+    rows_axis = runtime.row_axis(config, rows)
     tile = config.row_tile
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
     if config.static:  # at least two o_proj output tiles: see _split_output_tiles
@@ -126,7 +117,7 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
 
     norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def mlp_block_kernel(
         residual: pypto.Tensor([rows_axis, hidden], dt),
         attn: pypto.Tensor([rows_axis, attn_width], dt),
@@ -152,13 +143,13 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
             rt = pypto.view(residual, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             ot = pypto.view(projected_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             summed = pypto.cast(pypto.add(pypto.cast(rt, fp32), pypto.cast(ot, fp32)), dt)
-            normed = _normed(pypto.cast(summed, fp32), norm_w, hidden, eps, dt)
+            normed = normed_tile(pypto.cast(summed, fp32), norm_w, hidden, eps, dt)
             pypto.assemble(normed, [start, 0], normed_buf)
             pypto.set_pass_options(sg_set_scope=-1)
             # the MLP reads the normed rows back from global memory, as the SwiGLU kernel reads its input:
             # cube_l1_reuse then merges the gate/up tiles that share them (172 tasks -> about 22)
             nt = pypto.view(normed_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
-            down = _swiglu(nt, gate_w, up_w, down_w, dt, dt, inter, config)
+            down = swiglu_tile(nt, gate_w, up_w, down_w, dt, dt, inter, config)
             pypto.set_vec_tile_shapes(norm_rows, hidden)
             result = pypto.add(pypto.cast(summed, fp32), pypto.cast(down, fp32))
             pypto.assemble(pypto.cast(result, dt), [start, 0], out)
@@ -205,7 +196,7 @@ def mlp_block(
         _linear_weight(w, dtype) for w in (gate_weight, up_weight, down_weight, o_weight)
     )
     norm_w = norm_weight.to(dtype).reshape(1, hidden).contiguous()
-    rows, inter, device_type = res.shape[0], gate_w.shape[0], _device_type(res)
+    rows, inter, device_type = res.shape[0], gate_w.shape[0], runtime.device_type_of(res)
     _, config = tile_config("mlp_block", rows, hidden)
     tile, attn_width = config.row_tile, attn.shape[1]
     dims = {
@@ -214,14 +205,16 @@ def mlp_block(
         "down": (tile, inter, hidden),
     }
     tile_budget.check("mlp_block", config, dtype.itemsize, dims)
-    key = _kernel_key("mlp_block", config, rows, hidden, attn.shape[1], inter, dtype, float(eps), device_type)
-    kernel = _kernel(
+    key = runtime.kernel_key(
+        "mlp_block", config, rows, hidden, attn.shape[1], inter, dtype, float(eps), device_type
+    )
+    kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_mlp_block(rows, hidden, attn.shape[1], inter, dtype, float(eps), config, device_type),
     )
-    out, normed_buf, projected_buf = _new_output(res), _new_output(res), _new_output(res)
-    with _launching(res):
+    out, normed_buf, projected_buf = runtime.new_output(res), runtime.new_output(res), runtime.new_output(res)
+    with runtime.launching(res):
         kernel(res, attn, o_w, norm_w, gate_w, up_w, down_w, out, normed_buf, projected_buf)
     return out.reshape(shape)
 
@@ -232,13 +225,13 @@ def mlp_block(
 def _build_linear(rows, in_features, out_features, dtype, config, device_type):
     """x [rows, in] @ weight [out, in]^T (nn.Linear layout, no bias) -> [rows, out]. No entry calls it: it
     stands in for a layer's q/k/v and o projections in benchmarks/bench_sim.py's per-op decoder layer."""
-    pypto = _pypto()
-    dt = _dtype(dtype)
-    rows_axis = _row_axis(config, rows)
+    pypto = runtime.pypto_module()
+    dt = runtime.pypto_dtype(dtype)
+    rows_axis = runtime.row_axis(config, rows)
     tile = config.row_tile
     m, proj_k, proj_n, _ = _block_tiles(config)
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def linear_kernel(
         x: pypto.Tensor([rows_axis, in_features], dt),
         weight: pypto.Tensor([out_features, in_features], dt),

@@ -14,21 +14,9 @@ import torch
 from ..tiling import tile_budget
 from ..tiling.tile_table import tile_config
 from . import fused, reference
+from . import pypto_runtime as runtime
 from .pypto_blocks import _block_tiles
-from .pypto_kernels import (
-    _check_half_blocks,
-    _device_type,
-    _dtype,
-    _jit,
-    _kernel,
-    _kernel_key,
-    _launching,
-    _new_output,
-    _pypto,
-    _rotated,
-    _row_axis,
-    _WeightLayouts,
-)
+from .pypto_pieces import WeightLayouts, check_half_blocks, rotated_halves
 
 
 def _build_attention_prologue(
@@ -43,16 +31,16 @@ def _build_attention_prologue(
     computes each row's scale beside them; the epilogue applies the scale and the bias, rounds as
     F.linear's output, and rotates q and k (RoPE), one task per head. As the MRoPE kernel, each head reads
     its cos/sin rows straight from the inputs."""
-    pypto = _pypto()
-    dt, tdt = _dtype(dtype), _dtype(table_dtype)
-    rows_axis = _row_axis(config, rows)
+    pypto = runtime.pypto_module()
+    dt, tdt = runtime.pypto_dtype(dtype), runtime.pypto_dtype(table_dtype)
+    rows_axis = runtime.row_axis(config, rows)
     tile = config.row_tile
     q_width, kv_width = q_heads * dim, k_heads * dim
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
 
     epilogue = _prologue_epilogue(hidden, (q_heads, k_heads), dim, eps, norm_rows, config, dt)
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def attention_prologue_kernel(
         x: pypto.Tensor([rows_axis, hidden], dt),
         q_w: pypto.Tensor([q_width, hidden], dt),
@@ -92,7 +80,7 @@ def _prologue_epilogue(hidden, heads, dim, eps, norm_rows, config, dt):
     norm_scope = 1 if config.norm_one_task else -1  # -1: pypto partitions as it likes
 
     def epilogue(xt, weights, biases, tables, writer):
-        pypto = _pypto()
+        pypto = runtime.pypto_module()
         q, k, v = (pypto.matmul(xt, w, pypto.DT_FP32, b_trans=True) for w in weights)
         q_b, k_b, v_b = biases
         cos, sin, start, tile, valid = tables
@@ -120,10 +108,10 @@ class _ToOutputs:
         self.q_heads, self.dim = q_heads, dim
 
     def v(self, v):
-        _pypto().assemble(v, [self.start, 0], self.v_out)
+        runtime.pypto_module().assemble(v, [self.start, 0], self.v_out)
 
     def head(self, head, out1, out2):
-        pypto, dim = _pypto(), self.dim
+        pypto, dim = runtime.pypto_module(), self.dim
         dst, col = (
             (self.q_out, head * dim) if head < self.q_heads else (self.k_out, (head - self.q_heads) * dim)
         )
@@ -140,13 +128,13 @@ class _ToCache:
         (self.q_heads, self.k_heads), self.dim, self.cache_len = heads, dim, cache_len
 
     def v(self, v):
-        pypto, dim = _pypto(), self.dim
+        pypto, dim = runtime.pypto_module(), self.dim
         for kv_head in range(self.k_heads):
             row = pypto.view(v, [1, dim], [0, kv_head * dim])
             pypto.assemble(row, [kv_head * self.cache_len + self.at, 0], self.value_cache)
 
     def head(self, head, out1, out2):
-        pypto, dim = _pypto(), self.dim
+        pypto, dim = runtime.pypto_module(), self.dim
         if head < self.q_heads:
             pypto.assemble(out1, [0, head * dim], self.q_out)
             pypto.assemble(out2, [0, head * dim + dim // 2], self.q_out)
@@ -167,13 +155,13 @@ def _build_attention_prologue_cached(
     `advance` the kernel also writes position + 1 into `length` (the caller passes the position itself:
     transformers 5.8+'s StaticLayer counts its own length and advances it after each write, one more
     launch otherwise); without, `length` is left as it is."""
-    pypto = _pypto()
-    dt, tdt = _dtype(dtype), _dtype(table_dtype)
+    pypto = runtime.pypto_module()
+    dt, tdt = runtime.pypto_dtype(dtype), runtime.pypto_dtype(table_dtype)
     q_width, kv_width = q_heads * dim, k_heads * dim
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
     epilogue = _prologue_epilogue(hidden, (q_heads, k_heads), dim, eps, norm_rows, config, dt)
 
-    @_jit(device_type, config)
+    @runtime.jit(device_type, config)
     def attention_prologue_cached_kernel(
         x: pypto.Tensor([1, hidden], dt),
         q_w: pypto.Tensor([q_width, hidden], dt),
@@ -209,7 +197,7 @@ def _advance_length(position, length, advance: bool, scope: int) -> None:
     itself."""
     if not advance:
         return
-    pypto = _pypto()
+    pypto = runtime.pypto_module()
     pypto.set_pass_options(sg_set_scope=scope)
     pypto.set_vec_tile_shapes(1, 1)
     pypto.assemble(pypto.add(pypto.view(position, [1, 1], [0, 0]), 1), [0, 0], length)
@@ -217,14 +205,14 @@ def _advance_length(position, length, advance: bool, scope: int) -> None:
 
 def _rms_scale(xt, hidden: int, eps: float):
     """Inside a kernel: rsqrt(mean(x^2) + eps) of a [rows, hidden] tile, [rows, 1] in fp32."""
-    pypto = _pypto()
+    pypto = runtime.pypto_module()
     x32 = pypto.cast(xt, pypto.DT_FP32)
     return pypto.rsqrt(pypto.add(pypto.mul(pypto.sum(pypto.mul(x32, x32), -1, True), 1.0 / hidden), eps))
 
 
 def _biased(projected, bias, dt):
     """Inside a kernel: an fp32 matmul output plus its [1, n] bias, rounded to dt (F.linear's output)."""
-    pypto = _pypto()
+    pypto = runtime.pypto_module()
     return pypto.cast(pypto.add(projected, pypto.cast(bias, pypto.DT_FP32)), dt)
 
 
@@ -235,7 +223,7 @@ def _rope_epilogue(projected, scale, bias, col, cos, sin, start, tile, valid, di
 
     One copy each of the head, its bias, cos and sin (whole head_dim rows): the halves are views of those.
     """
-    pypto = _pypto()
+    pypto = runtime.pypto_module()
     fp32, half = pypto.DT_FP32, dim // 2
     head = pypto.view(projected, [tile, dim], [0, col], valid_shape=[valid, dim])
     x = pypto.cast(_biased(pypto.mul(head, scale), pypto.view(bias, [1, dim], [0, col]), dt), fp32)
@@ -247,7 +235,7 @@ def _rope_epilogue(projected, scale, bias, col, cos, sin, start, tile, valid, di
         for c in (0, half)
     ]
     x1, x2, cos1, cos2, sin1, sin2 = halves
-    out1, out2 = _rotated(x1, x2, cos1, cos2, sin1, sin2)
+    out1, out2 = rotated_halves(x1, x2, cos1, cos2, sin1, sin2)
     return pypto.cast(out1, dt), pypto.cast(out2, dt)
 
 
@@ -265,7 +253,7 @@ class _NormFolded:
         self.builds = 0
 
     def get(self, weight: torch.Tensor, norm_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        signature = _WeightLayouts._signature((weight, norm_weight), dtype)
+        signature = WeightLayouts._signature((weight, norm_weight), dtype)
         entry = self._by_id.get(id(weight))
         if entry is not None and entry[0]() is weight and entry[1] == signature:
             return entry[2]
@@ -307,7 +295,7 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, 
         raise ValueError(
             f"pypto attention_prologue: cos {tuple(cos.shape)} does not fit {rows} rows of {head_dim}"
         )
-    _check_half_blocks(head_dim, dtype, "pypto attention_prologue kernel")
+    check_half_blocks(head_dim, dtype, "pypto attention_prologue kernel")
     weights, biases = [], []
     for w, b in projections:
         weights.append(NORM_FOLDED.get(w, norm_weight, dtype))
@@ -317,7 +305,7 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, 
         )
     x = hidden_states.reshape(rows, hidden).contiguous()
     cos2, sin2 = cos.contiguous().reshape(rows, head_dim), sin.contiguous().reshape(rows, head_dim)
-    q_heads, k_heads, device_type = q_width // head_dim, kv_width // head_dim, _device_type(x)
+    q_heads, k_heads, device_type = q_width // head_dim, kv_width // head_dim, runtime.device_type_of(x)
     _, config = tile_config("attention_prologue", rows, hidden)
     tile_budget.check(
         "attention_prologue", config, dtype.itemsize, {"q/k/v": (config.row_tile, hidden, q_width)}
@@ -330,17 +318,17 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, 
             .reshape(batch, seq, q_heads, head_dim)
             .transpose(1, 2)
         )
-    key = _kernel_key("attention_prologue", config, rows, *shape)
-    kernel = _kernel(
+    key = runtime.kernel_key("attention_prologue", config, rows, *shape)
+    kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_attention_prologue(
             rows, hidden, q_heads, k_heads, head_dim, dtype, cos.dtype, float(eps), config, device_type
         ),
     )
-    q_out = _new_output(x.new_empty(rows, q_width))
-    k_out, v_out = (_new_output(x.new_empty(rows, kv_width)) for _ in range(2))
-    with _launching(x):
+    q_out = runtime.new_output(x.new_empty(rows, q_width))
+    k_out, v_out = (runtime.new_output(x.new_empty(rows, kv_width)) for _ in range(2))
+    with runtime.launching(x):
         kernel(*args, q_out, k_out, v_out)
     return tuple(t.reshape(batch, seq, -1, head_dim).transpose(1, 2) for t in (q_out, k_out, v_out))
 
@@ -367,8 +355,8 @@ def _prologue_into_cache(args, shape, config, cache):
     # int64 positions are little-endian on every host and device pypto runs on: the low word comes first
     at = position.reshape(-1)[:1].view(torch.int32).reshape(1, 2)
     advance = bool(advance)
-    key = _kernel_key("attention_prologue_cached", config, 1, *shape, cache_len, advance)
-    kernel = _kernel(
+    key = runtime.kernel_key("attention_prologue_cached", config, 1, *shape, cache_len, advance)
+    kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_attention_prologue_cached(
@@ -385,9 +373,9 @@ def _prologue_into_cache(args, shape, config, cache):
             advance,
         ),
     )
-    q_out = _new_output(x.new_empty(1, q_heads * head_dim))
+    q_out = runtime.new_output(x.new_empty(1, q_heads * head_dim))
     flat = (key_cache.view(k_heads * cache_len, head_dim), value_cache.view(k_heads * cache_len, head_dim))
-    with _launching(x):
+    with runtime.launching(x):
         kernel(*args, at, *flat, q_out, at)  # `length` is the position: advanced in place when asked
     return q_out
 

@@ -1,6 +1,6 @@
 """Tile shapes and merge settings of the PyPTO kernels, per op and shape class, as data.
 
-The kernels in pypto_kernels.py read their tiling from `TILE_TABLE`; no tile constant lives in a kernel
+The PyPTO kernels (backends/pypto_*.py) read their tiling from `TILE_TABLE`; no tile constant lives in a kernel
 body. The entries were chosen by a search under PyPTO's SIM cost model (benchmarks/tile_search.py); the
 measured candidates are kept in the repository's benchmarks/tile_search.json. Every entry is run through PyPTO's
 CPU interpreter against float64 references by tests/kernels/test_kernels_pypto.py.

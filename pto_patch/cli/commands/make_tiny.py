@@ -38,7 +38,7 @@ def make_tiny(
     The MRoPE section is scaled with --hidden-size / --heads; keep head_dim (hidden / heads) at 32 or more:
     vLLM's CPU attention and the PyPTO rotary kernels need it (the default is 128 / 4)."""
     from pto_patch.cli import render
-    from pto_patch.hub import tiny_model
+    from pto_patch.tiny import model as tiny_model
 
     result = tiny_model.make_tiny(
         directory,

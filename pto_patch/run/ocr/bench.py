@@ -32,7 +32,7 @@ from pto_patch.run.ocr.plot import write_time_plot
 from pto_patch.run.ocr.report import PAGE_TIME_NOTE, RANDOM_WEIGHTS_NOTE, PageBenchResult, PageRun
 from pto_patch.run.ocr.scoring import TASKS
 from pto_patch.run.options import parse_batches
-from pto_patch.run.report_folder import run_reports_place
+from pto_patch.run.report_folder import output_dir_check
 from pto_patch.run.start import plan_run, start_run
 
 PAGE_BENCH_FILE = "bench_ocr_pages.json"
@@ -123,10 +123,9 @@ def _page_run(page, batch, mode, runs: list[_Timed], image_tokens, prompt_tokens
 def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     batches = parse_batches(options.batches)
     pages = load_pages(ocr.pages)
-    plan = plan_run(options, batch=max(batches), use_pto=True)
-    place = run_reports_place(
-        "bench-ocr", plan.folder, options.output_dir, "--output-dir", (PAGE_BENCH_FILE,)
-    )
+    checks = output_dir_check("bench-ocr", options.output_dir, (PAGE_BENCH_FILE,))
+    plan = plan_run(options, batch=max(batches), use_pto=True, usage_checks=checks)
+    place = plan.usage
     started = start_run(plan)
     loaded, failures, warnings = started.loaded, started.failures, started.warnings
     compiled = apply_compile(loaded.model, options, warnings, kernels=loaded.kernels)

@@ -68,7 +68,7 @@ from pto_patch.run.ocr.scoring import (
 from pto_patch.run.reference import open_reference
 from pto_patch.run.report import write_report
 from pto_patch.run.start import plan_run, start_run
-from pto_patch.run.verification import VERDICT_RULE, VerifyOptions, compares, run_label
+from pto_patch.run.verify import VERDICT_RULE, VerifyOptions, compares, run_label
 
 READING_CER_MARGIN = 0.05
 MEAN_CER_MARGIN = 0.01
@@ -330,8 +330,15 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     pages = load_pages(ocr.pages)  # bad pages and a bad saved file are usage errors, before any load
     saved = load_answers(ocr.against_outputs, pages) if ocr.against_outputs is not None else None
     use_pto = compares(options)  # verify's own decision: PTO is compared unless --baseline-only
-    plan = plan_run(options, batch=1, use_pto=use_pto)
-    weights_warning = check_weights(saved, plan.folder, ocr.other_weights) if saved is not None else None
+    plan = plan_run(
+        options,
+        batch=1,
+        use_pto=use_pto,
+        usage_checks=lambda folder: (
+            check_weights(saved, folder, ocr.other_weights) if saved is not None else None
+        ),
+    )
+    weights_warning = plan.usage
     input_sizes: dict[str, tuple[int, int]] = {}
     readings: list[Reading] = []
     generations: dict = {}

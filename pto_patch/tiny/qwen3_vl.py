@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pto_patch.hub.tiny_processor import image_processor_config
 from pto_patch.model.spec import ModelSpec
+from pto_patch.tiny.processor import image_processor_config
 
 # `sizes` below is tiny_model's _Sizes (the widths of one build); named by duck type, since tiny_model
 # imports this module.

@@ -1,5 +1,6 @@
-"""The patched folder a run starts from: its patch state checked (its own `pto_kernels` is imported by
-`patching.folder_kernels`)."""
+"""May this folder run: its patch state decided once (`run.start.plan_run` asks, under the folder's lock) and
+checked (interrupted, unpatched, drifted, an overlay whose source changed); the result is carried by the
+run's plan to the reference and the load, which never decide it again."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ from pathlib import Path
 
 from pto_patch.errors import ModelFolderError, PtoPatchError
 from pto_patch.patching.folder_contents import kept_copy_path
-from pto_patch.patching.patch_state import patch_state
+from pto_patch.patching.patch_state import PatchState, patch_state
 
 
 @dataclass(frozen=True)
-class FolderState:
+class CheckedFolder:
     folder: Path
     patched: bool
     patched_ops: tuple[str, ...]
     modified_files: tuple[str, ...]
     source_changed: tuple[str, ...] = ()  # apply --overlay: what changed in the source since apply
+    patch: PatchState | None = (
+        None  # the state it was decided from (the reference rebuilds the original from it)
+    )
 
 
-def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> FolderState:
-    """Refuse to run half-patched code, or code that differs from what apply wrote (unless allowed)."""
+def check_folder(
+    folder: Path, *, use_pto: bool, allow_modified: bool, state: PatchState | None = None
+) -> CheckedFolder:
+    """Refuse to run half-patched code, or code that differs from what apply wrote (unless allowed).
+    `state`: the folder's patch state where the caller decided it already (a run's plan)."""
     from pto_patch.patching.overlay import record_of, source_changes
 
-    state = patch_state(folder)
+    state = state if state is not None else patch_state(folder)
     if state.interrupted:
         raise ModelFolderError(
             f"{folder} holds an interrupted apply; refusing to run its half-patched files",
@@ -37,7 +44,7 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
                 f"run `pto-patch apply --model-path {folder}` first "
                 "(`pto-patch verify --baseline-only` runs the unpatched model alone)",
             )
-        return FolderState(folder, False, (), ())
+        return CheckedFolder(folder, False, (), (), patch=state)
     drifted = state.drifted
     if drifted and not allow_modified:
         shown = ", ".join(drifted[:4]) + (" ..." if len(drifted) > 4 else "")
@@ -56,4 +63,4 @@ def check_folder(folder: Path, *, use_pto: bool, allow_modified: bool) -> Folder
             f"run `pto-patch restore --model-path {folder}`, then apply --overlay {folder} again, "
             "or pass --allow-modified to run it anyway",
         )
-    return FolderState(folder, True, tuple(state.manifest.ops), drifted, source_changed)
+    return CheckedFolder(folder, True, tuple(state.manifest.ops), drifted, source_changed, state)

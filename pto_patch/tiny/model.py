@@ -1,6 +1,6 @@
 """Write a random-weight model folder of a spec's architecture, offline, for tests and the demo.
 
-Each architecture family has its own hub layout (LAYOUTS): Qwen3-VL's lives in hub/tiny_qwen3_vl.py. For
+Each architecture family has its own hub layout (LAYOUTS): Qwen3-VL's lives in tiny/qwen3_vl.py. For
 Qwen2.5-VL the folder looks like the hub's checkpoint: a flat config.json (text keys at the top level,
 `vision_config` nested, `rope_scaling: {"type": "mrope", ...}`), safetensors shards in the hub's
 legacy key layout (`model.layers.N...`, `visual.blocks.N...`, `lm_head` only where the spec unties it) with a
@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, ModelFolderError, SpecError
-from pto_patch.hub import tiny_qwen3_vl
-from pto_patch.hub.tiny_processor import image_processor_config
-from pto_patch.hub.tiny_tokenizer import (
+from pto_patch.model.spec import ModelSpec, load_spec
+from pto_patch.patching.patch_state import NONE, state_before_writing
+from pto_patch.tiny import qwen3_vl as tiny_qwen3_vl
+from pto_patch.tiny.processor import image_processor_config
+from pto_patch.tiny.tokenizer import (
     CHAT_TEMPLATE,
     QWEN_ADDED_TOKENS,
     QWEN_SPECIAL_TOKENS,
@@ -34,8 +36,6 @@ from pto_patch.hub.tiny_tokenizer import (
     build_tokenizer,
     tokenizer_config,
 )
-from pto_patch.model.spec import ModelSpec, load_spec
-from pto_patch.patching.patch_state import NONE, state_before_writing
 
 PATCH_SIZE = 14
 SPATIAL_MERGE = 2

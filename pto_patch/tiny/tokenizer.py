@@ -1,5 +1,5 @@
 """The tiny models' tokenizer: a small byte-level BPE trained offline, carrying Qwen's special tokens in
-the order Qwen's vocabulary appends them, and Qwen's chat template (hub/tiny_model.py writes the folder)."""
+the order Qwen's vocabulary appends them, and Qwen's chat template (tiny/model.py writes the folder)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, OpsAsked, default_run_ops, parse_ops
-from pto_patch.run.folder import FolderState
+from pto_patch.run.folder_check import CheckedFolder
 from pto_patch.run.report import OpReport
 
 KERNEL_BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
@@ -87,26 +87,29 @@ def tuned_choice(
     return rows
 
 
+def candidate_ops(asked: OpsAsked, spec: ModelSpec, state: CheckedFolder) -> tuple[str, ...]:
+    """Every op a run may switch on: --ops, else those apply patched in (decided once, in the run's plan)."""
+    if asked.every_patched and state.patched_ops:
+        return tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
+    if asked.named is not None:
+        return asked.named
+    return default_run_ops(state.patched_ops or parse_ops(None, spec))
+
+
 def choose_ops(
-    asked: OpsAsked,
-    spec: ModelSpec,
-    state: FolderState,
+    ops: tuple[str, ...],
+    patched_ops: tuple[str, ...],
     batch: int,
     use_dynamic_config: bool,
     tuning=None,
 ) -> tuple[tuple[str, ...], list[dict[str, Any]] | None]:
-    """The ops to switch on: --ops, else those apply patched in; --use_dynamic_config filters by batch,
-    by `tuning` (the folder's, where it applies here) or else by the reference table."""
-    if asked.every_patched and state.patched_ops:
-        ops = tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
-    elif asked.named is not None:
-        ops = asked.named
-    else:
-        ops = default_run_ops(state.patched_ops or parse_ops(None, spec))
+    """The ops to switch on at `batch`, of the run's candidates `ops`: all of them, or with
+    --use_dynamic_config those `tuning` (the folder's, where it applies here) or else the reference table
+    switches on at this batch size."""
     if not use_dynamic_config:
         return ops, None
     if tuning is not None:
-        table = tuned_choice(tuning, batch, ops, tuple(state.patched_ops))
+        table = tuned_choice(tuning, batch, ops, tuple(patched_ops))
     else:
         table = dynamic_choice(batch, ops)
     return tuple(op for op in OPS if any(row["op"] == op and row["enabled"] for row in table)), table
