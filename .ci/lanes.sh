@@ -18,7 +18,7 @@ job() {
   case $1 in
     stack-*) bash .ci/stack_lane "${1#stack-}" ;;
     vllm) bash .ci/vllm_lane ;;
-    *) .venv/bin/python -m pytest -q -p no:cacheprovider --lane "$1" ;;
+    *) .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 --lane "$1" ;;  # --durations: the lane log names its slowest tests (for the pairing in .ci/run)
   esac
 }
 
