@@ -43,7 +43,7 @@ def _no_merge_weights():
 
     def ones(tops):
         pypto = pypto_runtime.pypto_module()
-        return pypto.add(pypto.mul(tops, 0.0), 1.0)
+        return [pypto.add(pypto.mul(top, 0.0), 1.0) for top in tops]
 
     pypto_attention._chunk_weights = ones
     return lambda: setattr(pypto_attention, "_chunk_weights", right)
@@ -91,7 +91,7 @@ def _run(case: dict) -> dict:
         rows = query.shape[0] * query.shape[1] * query.shape[2]
         kv_starts = inputs[5] if len(inputs) > 5 else None
         ml, _ = pypto_attention.CONSTANTS.scratch(inputs[3], kv_starts, rows, chunks, keys.shape[-1], "cpu")
-        result |= {"tops": ml[:, :chunks].clone(), "chunk": chunk}
+        result |= {"tops": pypto_attention.chunk_tops(ml, chunks).clone(), "chunk": chunk}
     return result
 
 

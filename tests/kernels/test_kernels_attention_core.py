@@ -476,16 +476,16 @@ def test_the_pypto_chunk_spans_are_the_chunks_each_range_touches(cache_len, chun
 
 
 def test_the_pypto_spans_and_scratch_are_made_once_per_forward():
-    from pto_kernels.backends.pypto_attention import MASKED, _Constants
+    from pto_kernels.backends.pypto_attention import MASKED, _Constants, chunk_tops, sum_column
 
     constants, kv_lens, kv_starts = _Constants(), torch.tensor([20, 5]), torch.tensor([0, 15])
     spans = constants.spans(kv_lens, 16, 40, kv_starts)
     scratch = constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu")
     assert constants.spans(kv_lens, 16, 40, kv_starts) is spans  # every layer of one forward
     assert constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu") is scratch
-    tops, sums = scratch[0][:, :8], scratch[0][:, 8:]  # 3 chunks padded to 8: every row maximum, then sums
+    tops, sums = chunk_tops(scratch[0], 3), scratch[0][:, sum_column(0, 3) :]  # a 32-byte block a value
     assert (tops == -MASKED).all() and (sums == 0).all() and (scratch[1] == 0).all()
-    assert scratch[0].shape == (16, 16) and scratch[1].shape == (16, 3 * 8)
+    assert scratch[0].shape == (16, 2 * 3 * 8) and scratch[1].shape == (16, 3 * 8)
     kv_lens += 1  # the next step: made again, neutral again
     assert constants.scratch(kv_lens, kv_starts, 16, 3, 8, "cpu") is not scratch
     assert constants.spans(kv_lens, 16, 40, kv_starts).tolist() == [[0, 2, 2, 2], [0, 2, 2, 2]]
@@ -501,3 +501,56 @@ def test_the_pypto_chunk_doubles_where_the_batch_spreads_the_work():
     assert pypto_attention.chunk_width(config, 4096, 4) == config.kv_chunk
     assert pypto_attention.chunk_width(config, 4096, 8) == 2 * config.kv_chunk  # batch 4
     assert pypto_attention.chunk_width(config, 1040, 16) == 1040  # the whole cache, block-aligned
+
+
+def test_the_pypto_schedule_fills_one_wave_of_the_cube_cores(monkeypatch):
+    """Each (kv head, chunk)'s scores and P @ V split into the largest power of two of tasks that keeps a stage
+    within the cube cores (pypto's A2A3.ini: 24), never narrower than the table's tiles."""
+    from pto_kernels.backends import pypto_attention
+    from pto_kernels.tiling.tile_table import attention_core_config
+
+    one_chunk, wide = attention_core_config(1, 128, 1024)[1], attention_core_config(1, 128, 4096)[1]
+    plan = pypto_attention.schedule
+    assert pypto_attention.cube_cores() == 24
+    assert plan(one_chunk, 1024, 2) == pypto_attention.Schedule(1024, 128, 32)  # batch 1: 8 tasks each
+    assert plan(one_chunk, 1024, 8) == pypto_attention.Schedule(1024, 512, 64)  # batch 4: 2 each
+    assert plan(one_chunk, 1024, 16) == pypto_attention.Schedule(1024, 1024, 128)  # batch 8: 1 each
+    assert plan(wide, 4096, 2) == pypto_attention.Schedule(1024, 512, 128)  # 4 chunks x 2 heads: 2 each
+    assert plan(wide, 4096, 8) == pypto_attention.Schedule(2048, 2048, 128)  # batch 4, 2 chunks: 1 each
+    monkeypatch.setattr(pypto_attention, "cube_cores", lambda: 48)  # twice the cores: twice the split
+    assert plan(one_chunk, 1024, 8) == pypto_attention.Schedule(1024, 256, 32)
+    assert plan(wide, 4096, 8) == pypto_attention.Schedule(2048, 1024, 128)
+
+
+def test_the_pypto_schedule_s_tiles_fit_the_chip_at_every_batch():
+    """The scores tile as wide as a chunk of 2,048 takes k tiles of 16 (L0B 64 KiB) and 64 (L1)."""
+    from dataclasses import replace
+
+    from pto_kernels.backends import pypto_attention
+    from pto_kernels.tiling import tile_budget
+    from pto_kernels.tiling.tile_table import attention_core_config
+
+    for cache_len in (17, 256, 1024, 2065, 4096, 8192):
+        config = attention_core_config(1, 128, cache_len)[1]
+        for heads in (2, 4, 8, 16, 32):
+            plan = pypto_attention.schedule(config, cache_len, heads)
+            qk_k, qk_n, pv_k, pv_n = pypto_attention._tiles(config, plan, 128)
+            tiles = replace(config, cube_k=tuple(qk_k), cube_n=tuple(qk_n), down_cube_k=tuple(pv_k))
+            tiles = replace(tiles, down_cube_n=tuple(pv_n))
+            assert not tile_budget.problems("attention_core", tiles), (cache_len, heads, plan)
+    wide = attention_core_config(1, 128, 4096)[1]
+    assert pypto_attention._tiles(wide, pypto_attention.Schedule(2048, 2048, 128), 128)[:2] == (
+        [16, 64],
+        [2048, 2048],
+    )
+    unshrunk = replace(wide, cube_k=(64, 128), cube_n=(2048, 2048))  # what the k tiles would be unshrunk
+    assert tile_budget.problems("attention_core", unshrunk)
+
+
+def test_the_pypto_root_pool_holds_every_root_the_kernel_can_run():
+    """One root function a (sequence, chunk) and the merge; pypto's default pool (10) at least."""
+    from pto_kernels.backends import pypto_attention
+
+    assert pypto_attention.runtime_options(8, 2) == {"stitch_function_inner_memory": 17}
+    assert pypto_attention.runtime_options(16, 4) == {"stitch_function_inner_memory": 65}
+    assert pypto_attention.runtime_options(1, 4) == {"stitch_function_inner_memory": 10}

@@ -8,6 +8,8 @@ masked), batch 2 with lengths that differ and 3 new rows; Qwen2.5-VL-7B's 28 / 4
 a small fp32 case; a left-padded batch of four over 2,064 positions (8 kv heads of work: a chunk of 2,048
 and a 16-position tail): one sequence whole, one a single position in the tail, one 1,200 long inside the
 first chunk, one 30 long across both. There the kernel runs only the chunks each range touches, read from its chunk scratch.
+Batches of 8 (left-padded) and 16 over short caches of one chunk: 16 and 32 kv heads of work, where the
+schedule gives each kv head one scores task as wide as the chunk and one P @ V task of every output column.
 """
 
 import importlib.util

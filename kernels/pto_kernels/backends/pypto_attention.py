@@ -6,12 +6,20 @@ over the AI cores, each chunk's softmax partials (row max, row sum, unnormalised
 
 Rows: the q heads that share a kv head (GQA: q head h reads kv head h // group, as transformers'
 repeat_kv) and the s new positions are one matmul's rows, M = group x s, so each kv chunk is read once
-for the whole group. Per (sequence, kv head, chunk), one task each stage: S = Q K^T (fp32), masked and
-scaled; m = rowmax(S), P = exp(S - m), l = rowsum(P); A = P @ V (P rounded to the activations' dtype, as
-flash attention does). Then per (sequence, kv head): m* = max_c m_c, w_c = exp(m_c - m*),
+for the whole group. Per (sequence, kv head, chunk), each stage in one or more tasks: S = Q K^T (fp32),
+masked and scaled; m = rowmax(S), P = exp(S - m), l = rowsum(P); A = P @ V (P rounded to the activations'
+dtype, as flash attention does). Then per (sequence, kv head): m* = max_c m_c, w_c = exp(m_c - m*),
 out = sum_c w_c A_c / sum_c w_c l_c. The softmax is fp32 throughout. A cache of one chunk (up to the
 table's kv_chunk positions) needs no merge: its P is normalised in the softmax task and its P @ V is the
 output, three stages instead of four.
+
+The schedule (`schedule`): the chunk width, and how many tasks a (kv head, chunk)'s scores and P @ V take,
+chosen per batch x kv heads and cache length so that a stage fits one wave of the cube cores. In PyPTO's
+cost model a task's every copy from global memory waits ~1,400 cycles however little it moves, and the
+AICPU schedulers poll their cores in turn (240 cycles a core, 12 cores each), so a task's successor starts
+3,000 - 8,000 cycles after it ends: fewer, wider tasks and one root function (loop iteration) per
+(sequence, chunk) for all its kv heads, rather than one each, is what brought the span down
+(docs/graph-decode.md, "By batch").
 
 The mask comes in as an additive bias, fp32 [batch * bias_rows, cache_len], made in torch once per forward
 and shared by every layer (`_Constants.bias`; inside a device-graph capture it is recorded once, in the first
@@ -22,13 +30,18 @@ group's q heads share it), group x s rows otherwise. Masked scores get -1e30 tim
 they are (before the start: how far before), so a chunk with no visible position has m_c ~ -1e30 and weight 0 in the merge (every row sees at
 least its own position). The kernel reads the bias once per chunk and task, where making the mask inside
 it cost the softmax task two more copies from global memory (the lengths and the positions), ~1,400
-cycles each in the cost model. The chunk count is fixed by the cache length: the kernel reads the whole
-static cache, valid or not. pypto 0.2 can read an int32 value from a tensor inside a kernel (`t[0, 0]`) and
-use it as a loop bound or an offset (test_kernels_pypto_tensor_values.py), so a kernel that stops at the
-valid chunks is possible; the merge would then have to leave out the chunks never computed.
+cycles each in the cost model. Over several chunks the kernel runs only the chunks each sequence's range
+touches (`chunk_spans`: loop bounds read from an int32 tensor inside the kernel); the merge finds the
+others' neutral partials in the scratch. A cache of one chunk is read whole.
 """
 
 # No `from __future__ import annotations`: pypto reads the kernels' annotations as objects.
+import configparser
+import functools
+import importlib.util
+from dataclasses import dataclass, replace
+from pathlib import Path
+
 import torch
 
 from ..tiling import tile_budget
@@ -38,10 +51,21 @@ from . import pypto_runtime as runtime
 
 MASKED = 1e30  # a masked score gets -MASKED per position past its row's limit: exp() of it is 0
 BLOCK = 16  # cube fractal: chunk widths and tiles are whole blocks
+ML_BLOCK = 8  # fp32 values in 32 bytes: each chunk's row maximum and row sum own one block of the scratch
 
 
 def _align(value: int, to: int) -> int:
     return -(-value // to) * to
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the kernel spreads a call over the AI cores: cache positions per chunk, cache positions per scores
+    task (a chunk's scores in chunk / scores_n cube tasks) and output columns per P @ V task."""
+
+    chunk: int
+    scores_n: int
+    pv_n: int
 
 
 # kv heads (batch x the model's kv heads) from which a chunk is twice the table's: the work is spread over
@@ -49,23 +73,67 @@ def _align(value: int, to: int) -> int:
 # 1 new row, 16 q / 2 kv heads of 128, every position used (us, the table's 1,024 vs 2,048 positions a
 # chunk): 4,096 positions batch 1 25.86 vs 29.34; batch 4 84.29 vs 54.18; batch 8 142.10 vs 102.54;
 # batch 16 251.17 vs 175.61; 2,048 positions batch 8 87.96 vs 36.03. Batch 2 (4 kv heads) not measured.
+# (Measured before `schedule`'s splits, the root per (sequence, chunk) and the root pool.)
 WIDE_CHUNK_HEADS = 8
 
 
+@functools.cache
+def cube_cores() -> int:
+    """The chip's cube cores as PyPTO's cost model configures a 910B (lib/configs/A2A3.ini, [SoCInfo]
+    cube_core_cnt: 24); 24 where pypto or its config is not installed."""
+    spec = importlib.util.find_spec("pypto")
+    ini = configparser.ConfigParser(strict=False, interpolation=None)
+    if spec is not None and spec.origin:
+        ini.read(Path(spec.origin).parent / "lib" / "configs" / "A2A3.ini")
+    return ini.getint("SoCInfo", "cube_core_cnt", fallback=24)
+
+
+def schedule(config: TileConfig, cache_len: int, heads: int = 1, dim: int = 128) -> Schedule:
+    """The chunk width (the table's, twice it from WIDE_CHUNK_HEADS kv heads of work, or the whole
+    block-aligned cache when it is shorter), then each (kv head, chunk)'s scores and P @ V split into as many
+    tasks as keep a stage within one wave of the cube cores: split = the largest power of two <= cube cores /
+    (kv heads x chunks), never below the table's tiles (cube_n, down_cube_n). Cost model, 16 q / 2 kv heads
+    of 128, every position used, us (the table's fixed tiles -> split; both with runtime_options):
+    1,024 positions batch 1 (split 8) 15.74 -> 15.74, batch 2 (4) 22.61 -> 16.48, batch 4 (2) 28.46 ->
+    19.03 (18.94 unsplit), batch 8 (1) 34.12 -> 22.04, batch 16 (1) 58.59 -> 30.01; 4,096 positions
+    batch 1 (2) 25.23 -> 25.23 (one task a chunk 27.02), batch 4 (1) 41.63 -> 36.31, batch 8 (1) 61.74 ->
+    45.73, batch 16 (1) 110.04 -> 73.23."""
+    whole = _align(cache_len, BLOCK)
+    chunk = min(config.kv_chunk * (2 if heads >= WIDE_CHUNK_HEADS else 1), whole)
+    work = heads * -(-cache_len // chunk)
+    split = 1 << (max(1, cube_cores() // work).bit_length() - 1)
+    scores_n = min(chunk, max(config.cube_n[0], _align(chunk // split, BLOCK)))
+    pv_n = min(dim, max(config.down_cube_n[0], dim // split))
+    return Schedule(chunk, scores_n, pv_n)
+
+
 def chunk_width(config: TileConfig, cache_len: int, heads: int = 1) -> int:
-    """Cache positions per chunk: the table's (twice it from WIDE_CHUNK_HEADS kv heads of work), or the
-    whole (block-aligned) cache when it is shorter."""
-    chunk = config.kv_chunk * (2 if heads >= WIDE_CHUNK_HEADS else 1)
-    return min(chunk, _align(cache_len, BLOCK))
+    """Cache positions per chunk (`schedule`)."""
+    return schedule(config, cache_len, heads).chunk
 
 
-def _tiles(config: TileConfig, chunk: int, dim: int):
-    """(scores k, scores n, P @ V k, P @ V n) cube tiles, clipped to the chunk and head widths."""
-    qk_k = [min(config.cube_k[0], dim), min(config.cube_k[1], dim)]
-    qk_n = [min(config.cube_n[0], chunk), min(config.cube_n[1], chunk)]
+def _tiles(config: TileConfig, plan: Schedule, dim: int):
+    """(scores k, scores n, P @ V k, P @ V n) cube tiles, clipped to the chunk and head widths: the scores
+    tile plan.scores_n wide and the P @ V tile plan.pv_n (L0 = L1: one task each); the scores' k tiles
+    shrink to keep L0B (n x k0) and L1 ((16 + n) x k1) within the chip's 64 and 512 KiB (tile_budget.py)."""
+    chunk, n = plan.chunk, plan.scores_n
+    k0 = max(BLOCK, min(config.cube_k[0], dim, 64 * 1024 // (2 * _align(n, BLOCK)) // BLOCK * BLOCK))
+    k1 = min(config.cube_k[1], dim)
+    while k1 > k0 and (BLOCK + _align(n, BLOCK)) * k1 * 2 > 512 * 1024:
+        k1 //= 2
+    qk_k, qk_n = [k0, max(k0, k1 // k0 * k0)], [n, n]
     pv_k = [min(config.down_cube_k[0], chunk), min(config.down_cube_k[1], chunk)]
-    pv_n = [min(config.down_cube_n[0], dim), min(config.down_cube_n[1], dim)]
+    pv_n = [min(plan.pv_n, dim), min(plan.pv_n, dim)]
     return qk_k, qk_n, pv_k, pv_n
+
+
+def runtime_options(batch: int, chunks: int) -> dict:
+    """pypto runtime options for the kernel: a root-function pool (stitch_function_inner_memory, pypto's
+    default 10) that holds every root the kernel can have in flight: one per (sequence, chunk) and the merge.
+    At pypto's 10, roots past the tenth wait for earlier ones to end: cost model, batch 8 over 4,096
+    positions (33 roots), 102.54 us at 10, 69.30 at 20, 60.65 at 40, 100 and 1,000; batch 16 175.61 vs
+    109.62 at 100; batch 1 (9 roots) unchanged."""
+    return {"stitch_function_inner_memory": max(10, batch * chunks + 1)}
 
 
 def _build_attention_core(
@@ -78,13 +146,13 @@ def _build_attention_core(
     pypto = runtime.pypto_module()
     dt, fp32 = runtime.pypto_dtype(dtype), pypto.DT_FP32
     rows = group * new_rows
-    chunk = chunk_width(config, cache_len, batch * kv_heads)
-    chunks = -(-cache_len // chunk)
-    padded = _align(chunks, 8)  # a reduction's last axis: whole 32-byte blocks of fp32
-    m = [config.cube_m, config.cube_m]
-    qk_k, qk_n, pv_k, pv_n = _tiles(config, chunk, dim)
-    vec_rows = min(rows, config.norm_rows or rows)
     heads = batch * kv_heads
+    plan = schedule(config, cache_len, heads, dim)
+    chunk = plan.chunk
+    chunks = -(-cache_len // chunk)
+    m = [config.cube_m, config.cube_m]
+    qk_k, qk_n, pv_k, pv_n = _tiles(config, plan, dim)
+    vec_rows = min(rows, config.norm_rows or rows)
     masks = bias_rows(new_rows, group)
 
     tail = cache_len % chunk  # the last chunk's width when it is shorter than the others (0: none)
@@ -112,44 +180,50 @@ def _build_attention_core(
         return top, pypto.sum(p, -1, True), p, vt
 
     def chunk_partials(q, k, v, bias_in, spans, ml_buf, acc_buf, out):
-        for head in range(heads):
-            row, seq = head * rows, head // kv_heads
-            if chunks == 1:
+        if chunks == 1:
+            for head in range(heads):
                 one_chunk(q, k, v, bias_in, out, head, 0, cache_len)
-                continue
+            return
+        for seq in range(batch):
             # only the chunks the sequence's range touches (spans: read from the int32 tensor in the
-            # kernel); the others' slots keep the neutral partials the scratch was made with
+            # kernel); the others' slots keep the neutral partials the scratch was made with. One loop
+            # iteration (a root function) runs a chunk of every kv head of the sequence.
             loops = [(spans[seq, 0], spans[seq, 1], chunk)]
             if tail:
                 loops.append((spans[seq, 2], spans[seq, 3], tail))
             for start, stop, width in loops:
                 for c in pypto.loop(start, stop):
-                    top, total, p, vt = one_chunk(q, k, v, bias_in, out, head, c, width)
-                    pypto.assemble(top, [row, c], ml_buf)
-                    pypto.assemble(total, [row, padded + c], ml_buf)
-                    pypto.set_cube_tile_shapes(m, pv_k, pv_n)
-                    pypto.assemble(pypto.matmul(pypto.cast(p, dt), vt, fp32), [row, c * dim], acc_buf)
+                    for head in range(seq * kv_heads, (seq + 1) * kv_heads):
+                        row = head * rows
+                        top, total, p, vt = one_chunk(q, k, v, bias_in, out, head, c, width)
+                        pypto.assemble(top, [row, top_column(c)], ml_buf)
+                        pypto.assemble(total, [row, sum_column(c, chunks)], ml_buf)
+                        pypto.set_cube_tile_shapes(m, pv_k, pv_n)
+                        pv = pypto.matmul(pypto.cast(p, dt), vt, fp32)
+                        pypto.assemble(pv, [row, c * dim], acc_buf)
 
     def merged(out, ml_buf, acc_buf):
         for head in range(heads):
             row = head * rows
-            pypto.set_vec_tile_shapes(vec_rows, 2 * padded)
-            # one copy each (an op reads the whole tile; views of its result are local): (m, l), then A
-            ml = pypto.add(pypto.view(ml_buf, [rows, 2 * padded], [row, 0]), 0.0)
-            tops, sums = pypto.view(ml, [rows, chunks], [0, 0]), pypto.view(ml, [rows, chunks], [0, padded])
+            pypto.set_vec_tile_shapes(vec_rows, ML_BLOCK * 2 * chunks)
+            # one copy each (an op reads the whole tile; views of its result at whole 32-byte blocks are
+            # local, where a view of one column inside a block went out to global memory and back, a
+            # ~1,400-cycle copy per chunk): (m, l), then A
+            ml = pypto.add(pypto.view(ml_buf, [rows, ML_BLOCK * 2 * chunks], [row, 0]), 0.0)
+            tops = [pypto.view(ml, [rows, 1], [0, top_column(c)]) for c in range(chunks)]
+            sums = [pypto.view(ml, [rows, 1], [0, sum_column(c, chunks)]) for c in range(chunks)]
             weights = _chunk_weights(tops)
-            total = pypto.sum(pypto.mul(weights, sums), -1, True)
             pypto.set_vec_tile_shapes(vec_rows, chunks * dim)  # one tile: every chunk's A in one copy
             acc = pypto.add(pypto.view(acc_buf, [rows, chunks * dim], [row, 0]), 0.0)
-            summed = None
+            summed, total = None, None
             for c in range(chunks):
-                term = pypto.mul(
-                    pypto.view(acc, [rows, dim], [0, c * dim]), pypto.view(weights, [rows, 1], [0, c])
-                )
+                term = pypto.mul(pypto.view(acc, [rows, dim], [0, c * dim]), weights[c])
+                part = pypto.mul(weights[c], sums[c])
                 summed = term if summed is None else pypto.add(summed, term)
+                total = part if total is None else pypto.add(total, part)
             pypto.assemble(pypto.cast(pypto.div(summed, total), dt), [row, 0], out)
 
-    @runtime.jit(device_type, config)
+    @runtime.jit(device_type, config, runtime_options(batch, chunks))
     def attention_core_kernel(
         q: pypto.Tensor([heads * rows, dim], dt),
         k: pypto.Tensor([heads * cache_len, dim], dt),
@@ -157,7 +231,7 @@ def _build_attention_core(
         bias_in: pypto.Tensor([batch * masks, cache_len], fp32),
         spans: pypto.Tensor([batch, 4], pypto.DT_INT32),
         out: pypto.Tensor([heads * rows, dim], dt),
-        ml_buf: pypto.Tensor([heads * rows, 2 * padded], fp32),
+        ml_buf: pypto.Tensor([heads * rows, ML_BLOCK * 2 * chunks], fp32),
         acc_buf: pypto.Tensor([heads * rows, chunks * dim], fp32),
     ):
         pypto.set_vec_tile_shapes(vec_rows, chunk)
@@ -194,9 +268,8 @@ def chunk_spans(kv_starts: torch.Tensor, kv_lens: torch.Tensor, chunk: int, cach
 def neutral_partials(rows: int, chunks: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk scratch (m, l) and A as the merge finds a chunk the kernel skipped: m = -MASKED (weight
     exp(-MASKED - m*) = 0), l = 0, A = 0."""
-    padded = _align(chunks, 8)
-    ml = torch.zeros(rows, 2 * padded, dtype=torch.float32, device=device)
-    ml[:, :padded] = -MASKED
+    ml = torch.zeros(rows, ML_BLOCK * 2 * chunks, dtype=torch.float32, device=device)
+    ml[:, : ML_BLOCK * chunks] = -MASKED
     return ml, torch.zeros(rows, chunks * dim, dtype=torch.float32, device=device)
 
 
@@ -205,10 +278,29 @@ def bias_rows(new_rows: int, group: int) -> int:
     return 1 if new_rows == 1 else group * new_rows
 
 
-def _chunk_weights(tops):
-    """Inside a kernel: each chunk's weight in the merge, exp(m_c - max_c m_c), from the chunks' row maxima."""
+def _chunk_weights(tops: list) -> list:
+    """Inside a kernel: each chunk's weight in the merge, exp(m_c - max_c m_c), from the chunks' row maxima
+    (one [rows, 1] tensor a chunk)."""
     pypto = runtime.pypto_module()
-    return pypto.exp(pypto.sub(tops, pypto.amax(tops, -1, True)))
+    top = tops[0]
+    for other in tops[1:]:
+        top = pypto.maximum(top, other)
+    return [pypto.exp(pypto.sub(t, top)) for t in tops]
+
+
+def top_column(c: int) -> int:
+    """Column of chunk c's row maximum in the (m, l) scratch: each value in a 32-byte block of its own."""
+    return ML_BLOCK * c
+
+
+def sum_column(c: int, chunks: int) -> int:
+    """Column of chunk c's row sum in the (m, l) scratch, after every chunk's maximum."""
+    return ML_BLOCK * (chunks + c)
+
+
+def chunk_tops(ml: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The chunks' row maxima [rows, chunks] from an (m, l) scratch (for inspection: the tests)."""
+    return ml[:, : ML_BLOCK * chunks : ML_BLOCK]
 
 
 class _Constants:
@@ -290,9 +382,12 @@ def attention_core(query, key_cache, value_cache, kv_lens, scale, kv_starts=None
     dtype, group = query.dtype, q_heads // kv_heads
     rows, device_type = group * seq, runtime.device_type_of(query)
     _, config = attention_core_config(seq, dim, cache_len)
-    chunk = chunk_width(config, cache_len, batch * kv_heads)
+    plan = schedule(config, cache_len, batch * kv_heads, dim)
+    chunk = plan.chunk
+    qk_k, qk_n, _, _ = _tiles(config, plan, dim)  # the scores tiles the kernel sets, checked as it runs them
+    tiles = replace(config, cube_k=tuple(qk_k), cube_n=tuple(qk_n))
     tile_budget.check(
-        "attention_core", config, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
+        "attention_core", tiles, dtype.itemsize, {"scores": (rows, dim, chunk), "P @ V": (rows, chunk, dim)}
     )
     key = runtime.kernel_key("attention_core", config, seq, batch, kv_heads, group, cache_len, dim, dtype)
     key += (float(scale), device_type)

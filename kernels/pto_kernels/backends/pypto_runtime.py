@@ -162,18 +162,21 @@ def use_cpu_interpreter() -> None:
     _interpreter_ready = True
 
 
-def jit(device_type: str, config: TileConfig):
+def jit(device_type: str, config: TileConfig, runtime_options: dict | None = None):
+    """pypto's jit for `device_type`; `runtime_options`: runtime options beside the run mode (pypto's
+    tile_fwk_config_schema.json names them, e.g. stitch_function_inner_memory)."""
     pypto = pypto_module()
     options = {"pass_options": config.pass_options()}
+    extra = dict(runtime_options or {})
     if device_type == "npu":
-        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.NPU}, **options)
+        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.NPU} | extra, **options)
     if device_type == "sim":  # cost model only: a cycle report under TILE_FWK_OUTPUT_DIR, outputs unwritten
-        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM}, **options)
+        return pypto.frontend.jit(runtime_options={"run_mode": pypto.RunMode.SIM} | extra, **options)
     if device_type != "cpu":
         raise RuntimeError(f"pypto kernels run on npu (or cpu through the interpreter), not {device_type}")
     use_cpu_interpreter()
     return pypto.frontend.jit(
-        runtime_options={"run_mode": pypto.RunMode.SIM},
+        runtime_options={"run_mode": pypto.RunMode.SIM} | extra,
         verify_options={"enable_pass_verify": True},
         **options,
     )

@@ -188,7 +188,9 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     # merge runs): 4,096 cached positions 46,013 cycles (8.4x the K/V bytes' floor; 47,656 while the kernel
     # made its mask from the lengths). Per chunk and kv head: scores in 2 tasks (n 512), softmax, P @ V in
     # 1 task; smaller tiles spread 4 chunks x 2 heads over more tasks than cores: scores n 256 51,917, P @ V
-    # n 64 49,864; 512-position chunks 53,538, 2,048 53,405 (tile_search.json)
+    # n 64 49,864; 512-position chunks 53,538, 2,048 53,405 (tile_search.json). The kernel's schedule
+    # (pypto_attention.schedule) takes cube_n[0] and down_cube_n[0] as the narrowest scores and P @ V tasks
+    # and widens them where the batch's kv heads fill the cores
     ("attention_core", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
