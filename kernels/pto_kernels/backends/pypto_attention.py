@@ -115,11 +115,12 @@ def chunk_width(config: TileConfig, cache_len: int, heads: int = 1) -> int:
 def _tiles(config: TileConfig, plan: Schedule, dim: int):
     """(scores k, scores n, P @ V k, P @ V n) cube tiles, clipped to the chunk and head widths: the scores
     tile plan.scores_n wide and the P @ V tile plan.pv_n (L0 = L1: one task each); the scores' k tiles
-    shrink to keep L0B (n x k0) and L1 ((16 + n) x k1) within the chip's 64 and 512 KiB (tile_budget.py)."""
+    shrink to keep L0B (n x k0) and L1 ((16 + n) x k1) within the chip's buffers (tile_budget.A2A3)."""
     chunk, n = plan.chunk, plan.scores_n
-    k0 = max(BLOCK, min(config.cube_k[0], dim, 64 * 1024 // (2 * _align(n, BLOCK)) // BLOCK * BLOCK))
+    chip = tile_budget.A2A3
+    k0 = max(BLOCK, min(config.cube_k[0], dim, chip.l0b // (2 * _align(n, BLOCK)) // BLOCK * BLOCK))
     k1 = min(config.cube_k[1], dim)
-    while k1 > k0 and (BLOCK + _align(n, BLOCK)) * k1 * 2 > 512 * 1024:
+    while k1 > k0 and (BLOCK + _align(n, BLOCK)) * k1 * 2 > chip.l1:
         k1 //= 2
     qk_k, qk_n = [k0, max(k0, k1 // k0 * k0)], [n, n]
     pv_k = [min(config.down_cube_k[0], chunk), min(config.down_cube_k[1], chunk)]
