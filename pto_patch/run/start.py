@@ -27,7 +27,7 @@ from pto_patch.patching.patch_state import PatchState, patch_state
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
 from pto_patch.run.folder_check import CheckedFolder, check_folder
-from pto_patch.run.folder_watch import FolderState
+from pto_patch.run.folder_watch import MAX_NAMED, FolderState
 from pto_patch.run.inputs import check_image
 from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
@@ -44,7 +44,7 @@ class RunPlan:
 
     options: RunOptions  # as given: counts, prompt and flags are read from here as they are
     spec: ModelSpec
-    folder: Path  # the model folder the options name (checked when it loads)
+    folder: Path  # the model folder the options name (checked here, under its lock)
     batch: int  # the largest batch the run makes
     use_pto: bool  # whether a PTO mode runs
     ops: OpsAsked  # --ops, parsed
@@ -59,9 +59,9 @@ class RunPlan:
         checked it: what the plan decided would not be what runs."""
         changed = self.watched.changed()
         if changed:
-            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            more = f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else ""
             raise ModelFolderError(
-                f"{self.folder} changed since this run checked it ({', '.join(changed[:3])}{more})",
+                f"{self.folder} changed since this run checked it ({', '.join(changed[:MAX_NAMED])}{more})",
                 "run again once nothing changes the folder meanwhile (an apply, a restore, an edit)",
             )
 
