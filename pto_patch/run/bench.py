@@ -100,7 +100,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
     runs = []
     for batch in batches:
         inputs = repeat_for_batch(single, batch, device)
-        modes = KernelModes(loaded.kernels, modes_for(plan, loaded, batch, options, lookup), watch)
+        modes = KernelModes(loaded.kernels, modes_for(plan, batch, options, lookup), watch)
         backends_used.append(describe_backend(modes.choice.backend))
         progress.phase(f"batch {batch}: timed runs, baseline and PTO alternating")
         with modes.timed() as switches:

@@ -37,6 +37,12 @@ def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
     return found
 
 
+def named(changed: list[str]) -> str:
+    """The first MAX_NAMED changes, and how many more: one line's worth."""
+    more = f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else ""
+    return ", ".join(changed[:MAX_NAMED]) + more
+
+
 @dataclass(frozen=True)
 class FolderState:
     folder: Path
@@ -64,9 +70,8 @@ class FolderState:
         changed = self.changed()
         if not changed:
             return []
-        more = f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else ""
         return [
-            f"the model folder changed during the run ({', '.join(changed[:MAX_NAMED])}{more}): "
+            f"the model folder changed during the run ({named(changed)}): "
             "what ran is not what the folder holds now, so nothing here is verified; run again on a folder "
             "nothing changes meanwhile"
         ]

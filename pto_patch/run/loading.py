@@ -133,7 +133,11 @@ def load_model(
     package, and load the model once (remote code, eager attention, hub kernels only with `hub_kernels`:
     see `pto_patch.run.hub_kernels`)."""
     torch_dtype = resolve_dtype(dtype_name)
-    state = checked or check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
+    state = (
+        checked
+        if checked is not None
+        else check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
+    )
     kernels = None
     if use_pto:
         kernels = import_folder_kernels(folder)

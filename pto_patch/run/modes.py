@@ -45,11 +45,11 @@ class OpChoice:
     requested_backend: str | None  # --kernel-backend as given (None: auto or a tuning's)
 
 
-def choose(plan, loaded, batch: int, *, use_dynamic_config: bool, lookup=None, requested=None) -> OpChoice:
+def choose(plan, batch: int, *, use_dynamic_config: bool, lookup=None, requested=None) -> OpChoice:
     """The ops and backend for `batch` (plan: `run.start.RunPlan`; lookup: the folder's tuning, if used)."""
     switched_on, table = choose_ops(
         plan.may_switch_on,
-        loaded.state.patched_ops,
+        plan.checked.patched_ops,
         batch,
         use_dynamic_config,
         tuning=lookup.tuning if lookup else None,
@@ -57,11 +57,10 @@ def choose(plan, loaded, batch: int, *, use_dynamic_config: bool, lookup=None, r
     return OpChoice(switched_on, table, backend_for(table, requested), requested)
 
 
-def modes_for(plan, loaded, batch: int, options, lookup=None) -> OpChoice:
+def modes_for(plan, batch: int, options, lookup=None) -> OpChoice:
     """`choose` with the run's own options (--use_dynamic_config, --kernel-backend)."""
     return choose(
         plan,
-        loaded,
         batch,
         use_dynamic_config=options.use_dynamic_config,
         lookup=lookup,

@@ -27,7 +27,7 @@ from pto_patch.patching.patch_state import PatchState, patch_state
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
 from pto_patch.run.folder_check import CheckedFolder, check_folder
-from pto_patch.run.folder_watch import MAX_NAMED, FolderState
+from pto_patch.run.folder_watch import FolderState, named
 from pto_patch.run.inputs import check_image
 from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
@@ -59,9 +59,8 @@ class RunPlan:
         checked it: what the plan decided would not be what runs."""
         changed = self.watched.changed()
         if changed:
-            more = f" and {len(changed) - MAX_NAMED} more" if len(changed) > MAX_NAMED else ""
             raise ModelFolderError(
-                f"{self.folder} changed since this run checked it ({', '.join(changed[:MAX_NAMED])}{more})",
+                f"{self.folder} changed since this run checked it ({named(changed)})",
                 "run again once nothing changes the folder meanwhile (an apply, a restore, an edit)",
             )
 

@@ -113,7 +113,7 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     if use_pto and options.use_dynamic_config:
         lookup = lookup_for_run(loaded, warnings, compiled)
     choice = (
-        modes_for(plan, loaded, options.batch, options, lookup)
+        modes_for(plan, options.batch, options, lookup)
         if use_pto
         else OpChoice((), None, backend_for(None, options.kernel_backend), options.kernel_backend)
     )

@@ -256,7 +256,7 @@ def _tune(plan: RunPlan, batches, began: float, on_run, clock) -> TuneResult:
         compiled.decode.reserve(options.output_length)  # warm-ups capture the cache the timed runs replay
     single, description = encode_prompt(loaded, options.prompt, options.image, options.simple_prompt)
     result.input = description
-    ops = choose(plan, loaded, 1, use_dynamic_config=False).switched_on
+    ops = choose(plan, 1, use_dynamic_config=False).switched_on
     backends = backends_to_try(options.kernel_backend, device.kind)
     end = began + options.budget_s - WRITE_RESERVE_S
     usable, result.probes, probe_s = probe(

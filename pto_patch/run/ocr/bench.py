@@ -145,7 +145,7 @@ def run_page_bench(options: BenchOptions, ocr: OcrOptions) -> PageBenchResult:
     switched_all: list[str] = []
     backends = []
     for batch in batches:
-        modes = KernelModes(loaded.kernels, modes_for(plan, loaded, batch, options, lookup), watch)
+        modes = KernelModes(loaded.kernels, modes_for(plan, batch, options, lookup), watch)
         backends.append(describe_backend(modes.choice.backend))
         switched_all += [op for op in modes.choice.switched_on if op not in switched_all]
         with modes.timed() as switches:

@@ -358,7 +358,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
     modes = watch = None
     if use_pto:
         lookup = lookup_for_run(loaded, warnings, compiled) if options.use_dynamic_config else None
-        choice = modes_for(plan, loaded, 1, options, lookup)
+        choice = modes_for(plan, 1, options, lookup)
         switched_on, kernel_backend = choice.switched_on, choice.backend
         watch = CompileWatch(compiled) if compiled is not None else None
         modes = KernelModes(loaded.kernels, choice, watch)
