@@ -36,6 +36,18 @@ _PREFILL_TILES = {"cube_k": (128, 512), "cube_n": (128, 256), "act_rows": 16}
 # The decoder-layer blocks at decode: every matmul (o_proj or q/k/v, gate/up, down) with one tiling
 _BLOCK = {"row_tile": 16, "norm_rows": 8}
 _MLP_BLOCK_MERGE = {"pass_settings": ((_L1, -1, 8), (_L1, 0, 1))}
+# mlp_block at decode with whole-row L1 tiles (k 2048: the hidden size, the most L1 holds beside the rows):
+# gate/up 112 columns a tile (L1 (16 + 112) x 2048 x 2 bytes = 512 KiB), 9 tiles a task (22 tasks for 24
+# cube cores); o_proj and down 96 columns a tile (22 tasks where 128 gave 16)
+_MLP_BLOCK_WIDE = {
+    "cube_k": (256, 2048),
+    "cube_n": (112, 112),
+    "down_cube_k": (256, 2048),
+    "down_cube_n": (96, 96),
+    "proj_cube_k": (256, 2048),
+    "proj_cube_n": (96, 96),
+    "pass_settings": ((_L1, -1, 9), (_L1, 0, 1)),
+}
 _ONE_ROW = {"row_tile": 1, "static": True, "norm_rows": 1}
 # the attention core: 1,024-position chunks; the scores' k tiles and P @ V's k tiles as the decode entry
 _CORE = {"row_tile": 16, "norm_rows": 8, "kv_chunk": 1024, "cube_k": (64, 128), "down_cube_k": (256, 1024)}
@@ -124,7 +136,7 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
         ],
     ),
     ("mlp_block", "decode", None): (
-        [{"rows": 1}],
+        [{"rows": 1}, {"rows": 8}],
         [
             # as shipped before the budgets: gate/up 544 KiB of L1 (refused)
             TileConfig(
@@ -151,6 +163,9 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
                 **_MLP_BLOCK_MERGE,
                 **_all_matmuls((256, 1024), (128, 128)) | {"cube_k": (128, 1024)},
             ),
+            # whole-row L1 tiles: a task's weights in fewer, larger copies, and its stages over more cores
+            TileConfig(**_BLOCK, **_MLP_BLOCK_WIDE),
+            TileConfig(**_BLOCK, **_MLP_BLOCK_WIDE, act_cols=1024),
         ],
     ),
     # mlp_block for exactly 1 row (batch-1 decode, the OCR case) as a static 1-row kernel: its norm, SwiGLU
@@ -186,6 +201,8 @@ CANDIDATES: dict[tuple[str, str, int | None], tuple[list[dict], list[TileConfig]
             TileConfig(
                 **_ONE_ROW | {"static": False}, **_MLP_BLOCK_MERGE, **_all_matmuls((128, 1024), (128, 128))
             ),
+            TileConfig(**_ONE_ROW, **_MLP_BLOCK_WIDE),
+            TileConfig(**_ONE_ROW, **_MLP_BLOCK_WIDE, act_cols=1024),
         ],
     ),
     ("attention_prologue", "decode", None): (

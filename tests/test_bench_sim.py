@@ -208,9 +208,10 @@ def test_each_kernel_row_names_its_largest_tiles_and_whether_they_fit():
 
     assert bench_sim.buffer_use("rms_norm", {"rows": 1, "width": 2048}) is None  # no matmul
     assert bench_sim.buffer_use("kv_cache_write", {"rows": 1, "context": 1024}) is None
-    assert bench_sim.buffer_use("mlp_block", {"rows": 4}) == {"l1_kib": 288, "l0b_kib": 64, "fits": True}
-    # 1 row: the one_row kernel's tiles, room for a second tile in L0B
-    assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 288, "l0b_kib": 32, "fits": True}
+    # 4 rows and 1 (the decode and one_row kernels, the same matmul tiles): gate/up's whole-width L1 tiles
+    # fill the 512 KiB, its 112-column L0B tile takes 56 KiB
+    assert bench_sim.buffer_use("mlp_block", {"rows": 4}) == {"l1_kib": 512, "l0b_kib": 56, "fits": True}
+    assert bench_sim.buffer_use("mlp_block", {"rows": 1}) == {"l1_kib": 512, "l0b_kib": 56, "fits": True}
     over = TileConfig(row_tile=16, cube_k=(256, 1024), cube_n=(128, 256))
     assert bench_sim.buffer_use("mlp_block", {"rows": 1}, asdict(over)) == {
         "l1_kib": 544,

@@ -26,16 +26,24 @@ HEADS = {"float32": (16, [2, 3, 3]), "bfloat16": (32, [4, 6, 6])}
 SHAPES = {"decode": (1, 1), "rows6": (2, 3), "prefill": (1, 19)}
 CASES = [(dtype, shape) for dtype in ("bfloat16", "float32") for shape in ("decode", "rows6")]
 CASES.append(("bfloat16", "prefill"))
+# mlp_block at widths that end in a partial tile of the decode and one-row entries' matmul tiles (o_proj and
+# down: 96 output columns a tile; gate/up: 112), at 1 row (the one-row kernel) and at batch 8 (the decode
+# kernel's 16-row tile holding 8 valid rows)
+TAIL_WIDTHS = (224, 240)  # (hidden, intermediate): 2 x 96 + 32 columns; 2 x 112 + 16
+TAIL_SHAPES = {"decode": (1, 1), "batch8": (8, 1)}
 
 
 def _randn(gen, *shape, dtype, scale=1.0, offset=0.0):
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + offset).to(dtype)
 
 
-def make_inputs(dtype_name: str, shape_name: str, seed: int) -> dict:
+def make_inputs(
+    dtype_name: str, shape_name: str, seed: int, widths: tuple[int, int] = (HIDDEN, INTER)
+) -> dict:
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, dtype_name)
-    batch, seq = SHAPES[shape_name]
+    batch, seq = (SHAPES | TAIL_SHAPES)[shape_name]
+    hidden, inter = widths
     head_dim, section = HEADS[dtype_name]
     q_width, kv_width = Q_HEADS * head_dim, K_HEADS * head_dim
 
@@ -47,17 +55,17 @@ def make_inputs(dtype_name: str, shape_name: str, seed: int) -> dict:
     angles = positions[..., None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
     return {
-        "hidden_states": _randn(gen, batch, seq, HIDDEN, dtype=dtype, scale=2.0, offset=0.3),
-        "residual": _randn(gen, batch, seq, HIDDEN, dtype=dtype, scale=3.0),
+        "hidden_states": _randn(gen, batch, seq, hidden, dtype=dtype, scale=2.0, offset=0.3),
+        "residual": _randn(gen, batch, seq, hidden, dtype=dtype, scale=3.0),
         "attn_output": _randn(gen, batch, seq, q_width, dtype=dtype),
-        "norm_weight": _randn(gen, HIDDEN, dtype=dtype, scale=0.2, offset=1.0),
-        "o_weight": linear(HIDDEN, q_width),
-        "gate_weight": linear(INTER, HIDDEN),
-        "up_weight": linear(INTER, HIDDEN),
-        "down_weight": linear(HIDDEN, INTER),
-        "q_weight": linear(q_width, HIDDEN),
-        "k_weight": linear(kv_width, HIDDEN),
-        "v_weight": linear(kv_width, HIDDEN),
+        "norm_weight": _randn(gen, hidden, dtype=dtype, scale=0.2, offset=1.0),
+        "o_weight": linear(hidden, q_width),
+        "gate_weight": linear(inter, hidden),
+        "up_weight": linear(inter, hidden),
+        "down_weight": linear(hidden, inter),
+        "q_weight": linear(q_width, hidden),
+        "k_weight": linear(kv_width, hidden),
+        "v_weight": linear(kv_width, hidden),
         "q_bias": _randn(gen, q_width, dtype=dtype, scale=0.5),
         "k_bias": _randn(gen, kv_width, dtype=dtype, scale=0.5),
         "v_bias": _randn(gen, kv_width, dtype=dtype, scale=0.5),
@@ -137,6 +145,12 @@ def main(out_path: str) -> None:
         with pypto_runtime.quiet_stdout("cpu"):
             kernel(x, weight, out)
         results["linear/bfloat16-rows6"] = {"inputs": {"x": x, "weight": weight}, "output": out}
+        for seed, shape in enumerate(TAIL_SHAPES, start=406):
+            inputs = make_inputs("bfloat16", shape, seed, TAIL_WIDTHS)
+            results[f"mlp_block_tails/bfloat16-{shape}"] = {
+                "inputs": inputs,
+                "output": call("mlp_block", inputs),
+            }
         results |= prologue_probes(make_inputs("bfloat16", "decode", 403))
         results |= cached_prologues(make_inputs("bfloat16", "decode", 404))
         results |= dispatched(make_inputs("float32", "rows6", 402))

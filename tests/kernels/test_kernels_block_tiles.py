@@ -40,7 +40,7 @@ def test_mlp_block_keeps_its_o_proj_out_of_the_l1_reuse_merge():
     """Subgraph 0 is the o_proj matmul: merged 8 at a time it ran as 2 tasks of ~97k cycles at decode."""
     for klass in ("one_row", "decode", "prefill"):
         options = BLOCK_TILE_TABLE[("mlp_block", klass, None)].pass_options()
-        assert options["cube_l1_reuse_setting"] == {-1: 8, 0: 1}, klass
+        assert options["cube_l1_reuse_setting"][0] == 1 and options["cube_l1_reuse_setting"][-1] > 1, klass
 
 
 def test_norm_runs_as_one_task_at_decode_only():

@@ -3,7 +3,8 @@ references written here (not imported from pto_kernels).
 
 One subprocess (pypto_blocks_runner.py) runs every case; pypto exits the process on a g++ failure. Small
 widths: hidden 64, intermediate 128, 4 q / 2 kv heads (head_dim 16 in fp32, 32 in bf16: head_dim / 2
-fills whole 32-byte blocks), in bf16 and fp32, at 1 row, 6 rows (batch 2) and 19 rows (the prefill tiling).
+fills whole 32-byte blocks), in bf16 and fp32, at 1 row, 6 rows (batch 2) and 19 rows (the prefill tiling);
+the MLP block also at widths its decode tiles do not divide (runner.TAIL_WIDTHS), at 1 row and batch 8.
 """
 
 import importlib.util
@@ -14,6 +15,8 @@ import golden_cases as gc
 import pytest
 import torch
 from interpreter_run import run_interpreter
+from pto_kernels.backends import pypto_blocks
+from pto_kernels.tiling.tile_table import tile_config
 
 pytestmark = [
     pytest.mark.pypto,
@@ -104,6 +107,23 @@ def _check(entry: str, inputs: dict, output) -> list:
 def test_block_matches_float64(entry, case, results):
     result = results["results"][f"{entry}/{case}"]
     _check(entry, result["inputs"], result["output"])
+
+
+@pytest.mark.parametrize("shape", list(runner.TAIL_SHAPES))
+def test_mlp_block_matches_float64_where_its_tiles_end_in_a_partial_tile(shape, results):
+    """The decode and one-row entries' o_proj / down tiles (96 columns) and gate/up tiles (112) at widths they
+    do not divide, at 1 row and at batch 8: a tile past a matrix's edge, or a tail left unwritten, fails."""
+    hidden, inter = runner.TAIL_WIDTHS
+    rows = runner.TAIL_SHAPES[shape][0] * runner.TAIL_SHAPES[shape][1]
+    config = tile_config("mlp_block", rows, hidden)[1]
+    down_n, proj_n, gate_n = config.down_cube_n[0], config.proj_cube_n[0], config.cube_n[0]
+    if config.static:  # the kernel's own split of the o_proj output (pypto_blocks._split_output_tiles)
+        proj_n = pypto_blocks._split_output_tiles([proj_n], hidden)[0]
+    assert hidden % down_n and hidden % proj_n and inter % gate_n, (hidden, inter, config)
+    assert hidden > max(down_n, proj_n) and inter > gate_n, (hidden, inter, config)
+    result = results["results"][f"mlp_block_tails/bfloat16-{shape}"]
+    assert result["inputs"]["residual"].shape[-1] == hidden
+    _check("mlp_block", result["inputs"], (result["output"],))
 
 
 def test_attention_prologue_without_biases(results):
@@ -205,8 +225,8 @@ def test_one_kernel_per_entry_dtype_and_shape_class(results):
     prologue and the MLP block have a kernel of their own for exactly 1 row (tile_table's "one_row" class)."""
     stats = results["stats"]
     # bf16 decode, fp32 decode, bf16 prefill (the sabotaged bf16 calls hit the decode kernel); the prologue
-    # and the MLP block also bf16 and fp32 for 1 row
-    built = {"residual_rms_norm": 3, "mlp_block": 5, "attention_prologue": 5}
+    # and the MLP block also bf16 and fp32 for 1 row; the MLP block at the tail widths, 1 row and batch 8
+    built = {"residual_rms_norm": 3, "mlp_block": 7, "attention_prologue": 5}
     for op, kernels in built.items():
         assert stats[op]["built"] == kernels, (op, stats[op])
         assert stats[op]["cache_hits"] >= 2, (op, stats[op])

@@ -140,11 +140,12 @@ def test_tile_search_never_ranks_an_over_budget_candidate():
     shapes, configs = tile_search.CANDIDATES[klass]
     results = {}
     for cycles, config in zip(range(100, 100 * (len(configs) + 1), 100), configs, strict=True):
-        results[tile_search._key("mlp_block", shapes[0], config)] = {"status": "ok", "cycles": cycles}
+        for params in shapes:
+            results[tile_search._key("mlp_block", params, config)] = {"status": "ok", "cycles": cycles}
     ranked = tile_search.best(results, klass)
     assert len(ranked) == len(configs) - 1  # the old entry, the fastest here, is refused
     assert all(tile_budget.problems("mlp_block", config) == [] for config in configs[1:])
-    assert 100 not in [cycles for cycles, _ in ranked]
+    assert 100 * len(shapes) not in [cycles for cycles, _ in ranked]
 
 
 def test_tile_search_prefers_double_buffering_that_costs_no_more_than_the_margin():

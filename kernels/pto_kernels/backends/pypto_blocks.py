@@ -147,7 +147,7 @@ def _build_mlp_block(rows, hidden, attn_width, inter, dtype, eps, config, device
             pypto.assemble(normed, [start, 0], normed_buf)
             pypto.set_pass_options(sg_set_scope=-1)
             # the MLP reads the normed rows back from global memory, as the SwiGLU kernel reads its input:
-            # cube_l1_reuse then merges the gate/up tiles that share them (172 tasks -> about 22)
+            # cube_l1_reuse then merges the gate/up tiles that share them (198 tiles -> 22 tasks at decode)
             nt = pypto.view(normed_buf, [tile, hidden], [start, 0], valid_shape=[valid, hidden])
             down = swiglu_tile(nt, gate_w, up_w, down_w, dt, dt, inter, config)
             pypto.set_vec_tile_shapes(norm_rows, hidden)

@@ -114,41 +114,47 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
     ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8, norm_one_task=False),
-    # 1 token: 221,539 cycles (1.19x its floor). Gate/up k [128, 1024] x n [128, 128]: 288 KiB of L1 and
-    # 32 KiB of L0B (room for a second tile); as shipped before, n [128, 256] needed 544 KiB of L1 (over the
-    # 512 KiB, refused by tile_budget) at 222,652; every matmul at k [256, 1024] x n [128, 128] 222,652, at
-    # k [128, 1024] 228,477 (tile_search.json). o_proj and down fill L0B: 2.6 % slower with room. The o_proj
-    # is subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16
-    # tasks of 14,386 unmerged). Before the o_proj output went through scratch: norm_rows 4 233,512, 8
-    # 227,812
+    # 1 / 8 tokens: 189,258 / 189,258 cycles (1.01x its floor at 8 rows). Every matmul reads the whole
+    # hidden width (k1 2048) into L1 at once: a copy from global memory waits ~1,450 cycles however much it
+    # moves, and a task's copies run one after another, so fewer, larger copies stream its weights faster.
+    # Gate/up n [112, 112]: (16 + 112) x 2048 x 2 bytes = 512 KiB of L1, L0B 56 KiB; 9 tiles a task (L1
+    # reuse 9): 22 tasks on the 24 cube cores, 62,081 cycles each (as before, k [128, 1024] x n [128, 128]
+    # with 8 a task: 22 of 72,572). o_proj and down n [96, 96] (448 KiB, L0B 48 KiB): 22 tasks each where
+    # 128 columns gave 16 (down 44,319 cycles a task over 6 k steps, where 16 of 66,166 over 11 took 72,000
+    # cycles from first start to last end). Activation tiles of 1,024 columns: 11 tasks where 512 gave 22
+    # (191,539 / 191,539 with 512). As shipped before: 221,539 / 221,539 (tile_search.json). The o_proj is
+    # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16 tasks
+    # of 14,386 unmerged)
     ("mlp_block", "decode", None): TileConfig(
         row_tile=16,
         norm_rows=8,
-        cube_k=(128, 1024),
-        cube_n=(128, 128),
-        down_cube_k=(256, 1024),
-        down_cube_n=(128, 128),
-        proj_cube_k=(256, 1024),
-        proj_cube_n=(128, 128),
-        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
+        cube_k=(256, 2048),
+        cube_n=(112, 112),
+        down_cube_k=(256, 2048),
+        down_cube_n=(96, 96),
+        proj_cube_k=(256, 2048),
+        proj_cube_n=(96, 96),
+        act_cols=1024,
+        pass_settings=((_L1_REUSE, -1, 9), (_L1_REUSE, 0, 1)),
     ),
-    # 1 token (batch-1 decode, the OCR case), one kernel for exactly 1 row: 202,533 cycles (1.08x its floor;
-    # the 16-row entry above 221,539). Its norm task normalises one row where the decode kernel's runs two
-    # 8-row tiles whatever the valid rows (12,794 cycles), and its activation and residual tasks copy 1-row
-    # tiles. Every matmul k [128, 1024] x n [128, 128] (L0B 32 KiB); the decode entry's tiles 202,855, all
-    # at k [256, 1024] 203,377, activation tiles of 1,376 columns 204,767, L1 reuse 4 / 16: 212,496 /
-    # 267,940 (tile_search.json)
+    # 1 token (batch-1 decode, the OCR case), one kernel for exactly 1 row: 172,934 cycles (0.92x its byte
+    # floor: the cost model moves each core's copies at ~97 B a cycle whatever the others do, with no
+    # chip-wide limit; the decode entry above 189,258). Its norm task normalises one row where the decode
+    # kernel's runs two 8-row tiles whatever the valid rows (12,794 cycles), and its activation and residual
+    # tasks copy 1-row tiles. The decode entry's matmul tiles; with 512-column activation tiles 175,541; as
+    # shipped before (every matmul k [128, 1024] x n [128, 128], L1 reuse 8) 202,533 (tile_search.json)
     ("mlp_block", "one_row", None): TileConfig(
         row_tile=1,
         static=True,
         norm_rows=1,
-        cube_k=(128, 1024),
-        cube_n=(128, 128),
-        down_cube_k=(128, 1024),
-        down_cube_n=(128, 128),
-        proj_cube_k=(128, 1024),
-        proj_cube_n=(128, 128),
-        pass_settings=((_L1_REUSE, -1, 8), (_L1_REUSE, 0, 1)),
+        cube_k=(256, 2048),
+        cube_n=(112, 112),
+        down_cube_k=(256, 2048),
+        down_cube_n=(96, 96),
+        proj_cube_k=(256, 2048),
+        proj_cube_n=(96, 96),
+        act_cols=1024,
+        pass_settings=((_L1_REUSE, -1, 9), (_L1_REUSE, 0, 1)),
     ),
     # prefill entries: the shapes of the swiglu_mlp prefill entry, not searched further. 128 tokens:
     # 385,013 cycles (2.04x; the SwiGLU kernel alone: 309,716); the norm as one task: 505,060
