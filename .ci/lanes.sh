@@ -14,11 +14,14 @@ step() {
 
 # job NAME: one lane of the main environment (pytest --lane NAME), or a stack lane (stack-seed, stack-top,
 # .ci/stack_lane) or the vLLM lane (vllm, .ci/vllm_lane), each in its own environment
+# The pytest lanes run with one OpenMP thread each: two tracks share two cores, and torch's second thread
+# a lane mostly spent waiting at its barriers, taking the core the other track needed. vLLM's lane sets
+# its own threads (.ci/vllm_lane).
 job() {
   case $1 in
-    stack-*) bash .ci/stack_lane "${1#stack-}" ;;
+    stack-*) OMP_NUM_THREADS=${LANE_THREADS:-1} bash .ci/stack_lane "${1#stack-}" ;;
     vllm) bash .ci/vllm_lane ;;
-    *) .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 --lane "$1" ;;  # --durations: the lane log names its slowest tests (for the pairing in .ci/run)
+    *) OMP_NUM_THREADS=${LANE_THREADS:-1} .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 --lane "$1" ;;  # --durations: the lane log names its slowest tests (for the pairing in .ci/run)
   esac
 }
 
