@@ -54,6 +54,8 @@ LAUNCH_US = 16.8  # pypto-gym: one 1x2048 PyPTO RMSNorm kernel on a 910B, end to
 # over (--cache static, transformers 5.25.0; 129 under 5.8.1, 138 under 4.57.6: 3 a layer under each, the
 # prologue writing the cache and advancing a 5.8+ layer's length), the baseline over the growing one
 STEP_LAUNCHES = {"blocks": 131, "baseline": 1461}
+# at batch > 1 over the static cache: what the package's cached prologue (one row) leaves to torch, a layer
+CACHE_UPDATE_OPS = 3
 FINAL = [("rms_norm", {"width": bench_sim.TEXT}), ("linear", {"out": VOCAB, "in": bench_sim.TEXT})]
 CONTEXTS = (1024, 4096)
 
@@ -63,9 +65,9 @@ def kernels_to_simulate(rows: int, contexts=CONTEXTS) -> list[tuple[str, dict]]:
     wanted = []
     cores = [("attention_core", {"context": c, "batch": rows, "rows": 1}) for c in contexts]
     others = [("kv_cache_write", {"context": contexts[0]})]  # the proxy for the kernels not ours
-    # over the static cache the prologue writes the step's k and v itself (its cache's length does not
-    # change its work: simulated once)
-    cached = [("attention_prologue_cached", {"context": contexts[0]})]
+    # over the static cache at batch 1 the prologue writes the step's k and v itself (its cache's length does
+    # not change its work: simulated once); at a batch the cache update is kv_cache_write's proxy
+    cached = [("attention_prologue_cached", {"context": contexts[0]})] if rows == 1 else []
     kernels = bench_sim.LAYER_KERNELS["fused"] + bench_sim.LAYER_KERNELS["per_op"] + FINAL + cores + others
     kernels += cached
     for op, params in kernels:
@@ -99,10 +101,17 @@ def project(
     attention_us = spans_us[f"attention_core_{context}"]
     variants = {}
     for variant, kernels in bench_sim.LAYER_KERNELS.items():
-        # a captured step decodes over the static cache: the blocks' prologue is the one writing it
-        layer_us = sum(spans_us[_key(op, params, cached=variant == "fused")] for op, params in kernels)
+        # a captured step decodes over the static cache: at batch 1 the blocks' prologue is the one writing it;
+        # at a batch the package runs the prologue kernel at B rows, then the cache update it leaves to torch
+        # (each sequence's k and v rows, two index_copy_, and the 5.8+ layer's length, one add_), each counted
+        # at the span of the small kernel that writes one cache's new rows (kv_cache_write, simulated at B rows)
+        cached = variant == "fused" and batch == 1
+        layer_us = sum(spans_us[_key(op, params, cached=cached)] for op, params in kernels)
+        cache_update = CACHE_UPDATE_OPS if variant == "fused" and batch > 1 else 0
+        layer_us += cache_update * spans_us["kv_cache_write"]
         step_us = LAYERS * (layer_us + attention_us) + norm_us + lm_head_us
-        modeled = LAYERS * (len(kernels) + 1) + 2  # the layer's kernels and its attention core; norm, lm_head
+        # the layer's kernels, its cache update and its attention core; norm, lm_head
+        modeled = LAYERS * (len(kernels) + cache_update + 1) + 2
         variants[variant] = {
             "layer_kernels_us": round(layer_us, 2),
             "modeled_kernels": modeled,
@@ -110,10 +119,12 @@ def project(
             "eager_modeled_launches_ms": round((step_us + modeled * launch_us) / 1e3, 3),
         }
     blocks = variants["fused"]
+    # the step's launches as counted at batch 1, and at a batch the cache update's ops besides
+    step_launches = launches["blocks"] + (LAYERS * CACHE_UPDATE_OPS if batch > 1 else 0)
     blocks["eager_all_launches_ms"] = round(
-        (blocks["captured_ms"] * 1e3 + launches["blocks"] * launch_us) / 1e3, 3
+        (blocks["captured_ms"] * 1e3 + step_launches * launch_us) / 1e3, 3
     )
-    others = max(0, launches["blocks"] - blocks["modeled_kernels"])
+    others = max(0, step_launches - blocks["modeled_kernels"])
     proxy_us = spans_us["kv_cache_write"]
     blocks["other_kernels"] = others
     blocks["captured_with_others_ms"] = round((blocks["captured_ms"] * 1e3 + others * proxy_us) / 1e3, 3)
