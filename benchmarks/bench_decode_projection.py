@@ -238,7 +238,8 @@ def _print(projection: dict, soc: dict, args) -> None:
     )
     print(f"{'layer':<22} {'kernels':>7} {'captured ms':>12} {f'eager ms (+{args.launch_us} us/kernel)':>30}")
     for variant, row in projection["variants"].items():
-        name = {"fused": "blocks (2 + attention)", "per_op": "per-op (8 + attention)"}[variant]
+        layer = (row["modeled_kernels"] - 2) // LAYERS - 1  # a layer's kernels besides its attention core
+        name = f"{'blocks' if variant == 'fused' else 'per-op'} ({layer} + attention)"
         print(
             f"{name:<22} {row['modeled_kernels']:>7} {row['captured_ms']:>12.2f} "
             f"{row['eager_modeled_launches_ms']:>30.2f}"
