@@ -14,7 +14,7 @@ kernel whose row axis is dynamic, so every prompt length and batch size reuses i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DECODE_MAX_ROWS = 16
 
@@ -111,6 +111,19 @@ TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
 # The decoder-layer blocks (residual_rms_norm, mlp_block, attention_prologue), same keys. Kept apart from
 # TILE_TABLE, whose every entry the per-op interpreter tests run: these are run by
 # tests/kernels/test_kernels_pypto_blocks.py. Widths are the hidden size.
+# mlp_block's decode tiles (2 to 16 rows); its one-row kernel takes the same matmul and activation tiles
+_MLP_BLOCK_DECODE = TileConfig(
+    row_tile=16,
+    norm_rows=8,
+    cube_k=(256, 2048),
+    cube_n=(112, 112),
+    down_cube_k=(256, 2048),
+    down_cube_n=(96, 96),
+    proj_cube_k=(256, 2048),
+    proj_cube_n=(96, 96),
+    act_cols=1024,
+    pass_settings=((_L1_REUSE, -1, 9), (_L1_REUSE, 0, 1)),
+)
 BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     ("residual_rms_norm", "decode", None): TileConfig(row_tile=1),
     ("residual_rms_norm", "prefill", None): TileConfig(row_tile=8, norm_one_task=False),
@@ -125,37 +138,14 @@ BLOCK_TILE_TABLE: dict[tuple[str, str, int | None], TileConfig] = {
     # (191,539 / 191,539 with 512). As shipped before: 221,539 / 221,539 (tile_search.json). The o_proj is
     # subgraph 0: kept out of cube_l1_reuse (merged 8 at a time it ran as 2 tasks of 96,792 cycles, 16 tasks
     # of 14,386 unmerged)
-    ("mlp_block", "decode", None): TileConfig(
-        row_tile=16,
-        norm_rows=8,
-        cube_k=(256, 2048),
-        cube_n=(112, 112),
-        down_cube_k=(256, 2048),
-        down_cube_n=(96, 96),
-        proj_cube_k=(256, 2048),
-        proj_cube_n=(96, 96),
-        act_cols=1024,
-        pass_settings=((_L1_REUSE, -1, 9), (_L1_REUSE, 0, 1)),
-    ),
+    ("mlp_block", "decode", None): _MLP_BLOCK_DECODE,
     # 1 token (batch-1 decode, the OCR case), one kernel for exactly 1 row: 172,934 cycles (0.92x its byte
     # floor: the cost model moves each core's copies at ~97 B a cycle whatever the others do, with no
     # chip-wide limit; the decode entry above 189,258). Its norm task normalises one row where the decode
     # kernel's runs two 8-row tiles whatever the valid rows (12,794 cycles), and its activation and residual
     # tasks copy 1-row tiles. The decode entry's matmul tiles; with 512-column activation tiles 175,541; as
     # shipped before (every matmul k [128, 1024] x n [128, 128], L1 reuse 8) 202,533 (tile_search.json)
-    ("mlp_block", "one_row", None): TileConfig(
-        row_tile=1,
-        static=True,
-        norm_rows=1,
-        cube_k=(256, 2048),
-        cube_n=(112, 112),
-        down_cube_k=(256, 2048),
-        down_cube_n=(96, 96),
-        proj_cube_k=(256, 2048),
-        proj_cube_n=(96, 96),
-        act_cols=1024,
-        pass_settings=((_L1_REUSE, -1, 9), (_L1_REUSE, 0, 1)),
-    ),
+    ("mlp_block", "one_row", None): replace(_MLP_BLOCK_DECODE, row_tile=1, static=True, norm_rows=1),
     # prefill entries: the shapes of the swiglu_mlp prefill entry, not searched further. 128 tokens:
     # 385,013 cycles (2.04x; the SwiGLU kernel alone: 309,716); the norm as one task: 505,060
     ("mlp_block", "prefill", None): TileConfig(
