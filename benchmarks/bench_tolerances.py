@@ -87,8 +87,8 @@ def rounding(folder: Path, model: str, dtype: str, steps: int) -> dict:
     fp32 inside its tiles and rounds once per output) may differ from the eager run by about this much,
     so the dtype's tolerance must admit it."""
     from pto_patch.model.spec import load_spec
+    from pto_patch.patching.originals import original_files
     from pto_patch.patching.patch_state import patch_state
-    from pto_patch.run import loading
     from pto_patch.run.device import resolve_device
     from pto_patch.run.generation import tolerances
     from pto_patch.run.inputs import encode_prompt
@@ -96,12 +96,12 @@ def rounding(folder: Path, model: str, dtype: str, steps: int) -> dict:
     from pto_patch.run.reference import Reference, unpatched_view
 
     spec, device = load_spec("gutenocr_3b"), resolve_device("cpu")
-    with unpatched_view(folder, patch_state(folder)) as view:
+    with unpatched_view(folder, original_files(folder, patch_state(folder))) as view:
         exact = Reference(spec, device, "fp32", view)
         inputs, _ = encode_prompt(exact, None, None, False)
         truth = exact.generate(inputs, steps)
         exact.close()
-        low = loading.load_model(spec, view, device, dtype, use_pto=False, allow_modified=False)
+        low = Reference(spec, device, dtype, view).loaded  # the same model, loaded in the dtype judged
         atol, rtol = tolerances(dtype, None, None)
         judgement = judged_generation(low, JudgedCase(inputs, truth), atol, rtol, "eager")
     return _row(model, dtype, "-", f"eager {dtype} vs fp32", judgement)

@@ -233,7 +233,7 @@ def test_help_lists_each_command_by_its_whole_first_sentence(capsys):
 
 def test_the_edit_hints_name_restore_force_and_the_kept_copy(model_folder: Path, capsys):
     from pto_patch.errors import PtoPatchError
-    from pto_patch.run.folder_check import check_folder
+    from pto_patch.patching.folder_check import check_folder
 
     engine.apply_patch(model_path=model_folder)
     edit(model_folder, "mine")

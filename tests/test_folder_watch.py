@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pto_patch.errors import EXIT_VERIFY_FAILED
-from pto_patch.run.folder_watch import FolderState
+from pto_patch.patching.folder_watch import FolderState
 from tests.spec_pipeline import run_in_process
 
 QUICK = ["--warmup", "0", "--iters", "1", "--output_length", "2"]
@@ -62,12 +62,13 @@ def test_a_restore_during_the_run_fails_it(command, patched_copy: Path, tmp_path
 def test_the_folder_state_is_decided_once_a_verify(patched_copy: Path, monkeypatch, capsys):
     """The plan decides the folder's patch state and the ops the run may switch on, once; the reference's
     view and the load take them from it (the patch state of the reference's own view is another folder's)."""
+    from pto_patch.model.spec import OpsAsked
+    from pto_patch.patching import folder_check, run_folder
     from pto_patch.patching import patch_state as patch_state_module
-    from pto_patch.run import folder_check, op_choice, start
 
     folder = Path(patched_copy).resolve()
     decided, candidates = [], []
-    real_state, real_candidates = patch_state_module.patch_state, op_choice.candidate_ops
+    real_state, real_candidates = patch_state_module.patch_state, OpsAsked.may_switch_on
 
     def counted_state(path):
         if Path(path).resolve() == folder:
@@ -78,9 +79,9 @@ def test_the_folder_state_is_decided_once_a_verify(patched_copy: Path, monkeypat
         candidates.append(args)
         return real_candidates(*args, **kwargs)
 
-    for module in (start, folder_check):
+    for module in (run_folder, folder_check):
         monkeypatch.setattr(module, "patch_state", counted_state)
-    monkeypatch.setattr(start, "candidate_ops", counted_candidates)
+    monkeypatch.setattr(OpsAsked, "may_switch_on", counted_candidates)
     code = run_in_process("verify", "--model-path", str(patched_copy), *QUICK, "--json")
     document = json.loads(capsys.readouterr().out)
     assert code == 0 and document["passed"] is True, document

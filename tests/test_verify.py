@@ -22,11 +22,11 @@ from pto_patch.cli import app as cli
 from pto_patch.errors import EXIT_ERROR, EXIT_USAGE, ModelFolderError, PtoPatchError
 from pto_patch.model.spec import OPS, load_spec
 from pto_patch.patching import engine
+from pto_patch.patching.folder_check import check_folder
 from pto_patch.patching.folder_kernels import import_folder_kernels
 from pto_patch.patching.manifest import MANIFEST_DIR, STATE_IN_PROGRESS, Manifest
 from pto_patch.run import bench, device, loading, verify
 from pto_patch.run.device import parse_device, resolve_device, resolve_dtype
-from pto_patch.run.folder_check import check_folder
 from pto_patch.run.generation import DEFAULT_TOLERANCES, Generation, compare, tolerances
 from pto_patch.run.graph.compiling import apply_compile
 from pto_patch.run.image_inputs import sample_image
@@ -332,20 +332,41 @@ def test_rope_fix_fills_a_missing_mrope_section():
             rope = getattr(scope, key, None)
             if isinstance(rope, dict):
                 rope.pop("mrope_section", None)
-    fixes = fix_rope_config(config, load_spec("gutenocr_3b"))
+    fixes = fix_rope_config(config, [16, 24, 24])
     assert fixes
     rope = config.text_config.rope_parameters
     assert rope["mrope_section"] == [16, 24, 24]
-    assert fix_rope_config(config, load_spec("gutenocr_3b")) == []  # already right: no change
+    assert fix_rope_config(config, [16, 24, 24]) == []  # already right: no change
 
 
-def test_rope_fix_refuses_a_section_that_cannot_fit():
-    from transformers import Qwen2_5_VLConfig
+def _config_folder(folder: Path, rope_scaling: dict | None) -> Path:
+    """A folder whose config.json has head_dim 16 (64 / 4 heads) and `rope_scaling` where given."""
+    data = {"model_type": "qwen2_5_vl", "hidden_size": 64, "num_attention_heads": 4}
+    if rope_scaling is not None:
+        data["rope_scaling"] = rope_scaling
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
 
-    config = Qwen2_5_VLConfig(text_config={"hidden_size": 64, "num_attention_heads": 4})
-    config.text_config.rope_parameters["mrope_section"] = [4, 4, 4]  # sums to 12, head_dim/2 is 8
+
+def test_the_runs_rope_section_is_config_jsons_where_it_fits_else_the_specs(tmp_path: Path):
+    from pto_patch.model.rope_section import folder_mrope_section
+
+    spec = load_spec("gutenocr_3b")
+    own = _config_folder(tmp_path / "own", {"type": "mrope", "mrope_section": [2, 3, 3]})
+    assert folder_mrope_section(own, spec) == [2, 3, 3]  # head_dim 16: the folder's own fits
+    with pytest.raises(PtoPatchError, match="mrope_section \\[16, 24, 24\\] does not fit head_dim 16"):
+        folder_mrope_section(
+            _config_folder(tmp_path / "none", None), spec
+        )  # the spec's [16, 24, 24] does not
+
+
+def test_rope_fix_refuses_a_section_that_cannot_fit(tmp_path: Path):
+    from pto_patch.model.rope_section import folder_mrope_section
+
+    folder = _config_folder(tmp_path, {"type": "mrope", "mrope_section": [4, 4, 4]})  # sums to 12, not 8
     with pytest.raises(PtoPatchError, match="mrope_section"):
-        fix_rope_config(config, load_spec("gutenocr_3b"))
+        folder_mrope_section(folder, load_spec("gutenocr_3b"))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchair") is not None, reason="torchair is installed here")
@@ -581,11 +602,10 @@ def test_ops_the_folder_was_not_patched_with_are_refused_before_loading(tmp_path
         assert f"apply --model-path {folder.resolve()} --ops rms_norm,swiglu_mlp" in error.hint
     # `all` is every op patched in: nothing to refuse
     from pto_patch.model.spec import OpsAsked
-    from pto_patch.run.op_choice import candidate_ops
 
     state = check_folder(folder.resolve(), use_pto=True, allow_modified=False)
     spec = load_spec("gutenocr_3b")
-    assert candidate_ops(OpsAsked.read("all", spec), spec, state) == ("rms_norm",)
+    assert OpsAsked.read("all", spec).may_switch_on(spec, state.patched_ops) == ("rms_norm",)
 
 
 def test_a_switched_on_op_that_never_runs_fails_with_exit_3(tmp_path: Path):

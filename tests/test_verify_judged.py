@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pto_patch.patching.originals import original_files
 from pto_patch.patching.patch_state import patch_state
 from pto_patch.run.judging import ForcedJudge, TraceRecorder
 from pto_patch.run.reference import unpatched_view
@@ -79,7 +80,7 @@ def test_the_unpatched_view_is_the_folder_before_apply(patched_tiny):
     from pto_patch.patching.manifest import Manifest
 
     manifest = Manifest.load(patched_tiny)
-    with unpatched_view(patched_tiny, patch_state(patched_tiny)) as view:
+    with unpatched_view(patched_tiny, original_files(patched_tiny, patch_state(patched_tiny))) as view:
         assert not (view / "pto_kernels").exists()
         assert not (view / ".pto_patch").exists()
         for record in manifest.files:
@@ -100,7 +101,7 @@ def test_a_broken_backup_refuses_the_reference(patched_tiny, tmp_path):
     shutil.copytree(patched_tiny, folder, symlinks=True)
     (folder / ".pto_patch" / "backup" / "config.json").write_text("{}")
     with pytest.raises(ModelFolderError, match="backup of config.json"):
-        with unpatched_view(folder, patch_state(folder)):
+        with unpatched_view(folder, original_files(folder, patch_state(folder))):
             pass
 
 

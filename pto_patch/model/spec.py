@@ -352,3 +352,12 @@ class OpsAsked:
         if text is None:
             return cls()
         return cls(parse_ops(text, spec), every_patched=text.strip() == "all")
+
+    def may_switch_on(self, spec: ModelSpec, patched: tuple[str, ...]) -> tuple[str, ...]:
+        """Every op a run may switch on: the named ops; with `all`, every op patched in; else what the
+        folder's patch switches on by default (`patched`: the ops apply patched in, decided once)."""
+        if self.every_patched and patched:
+            return tuple(op for op in OPS if op in patched)
+        if self.named is not None:
+            return self.named
+        return default_run_ops(patched or parse_ops(None, spec))

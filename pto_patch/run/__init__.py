@@ -1,15 +1,14 @@
-"""What verify, bench, demo and tune share: a run of the patched model, from the folder check to timing;
+"""What verify, bench, demo and tune share: a run of the patched model, from its plan to timing;
 and, in packages of their own, three concerns built on it or under it.
 
 The core, here:
 - `options`: the options every run shares, checked before anything loads
 - `device`: device and dtype choice, synchronisation, peak memory
-- `folder_check`: may this folder run (its patch state, drift, an overlay's source)
 - `loading`: one load (remote code), the rope fixes, load info, versions; `hub_kernels`: `--hub-kernels`
 - `inputs`: prompt, image and batch; `image_inputs`: one image and a prompt as the model's inputs
 - `generation`: greedy generation, both modes timed side by side, the comparison; `noise`: a ratio's band
 - `op_choice`: which ops are switched on, and whether they ran; `patchers`: other patchers that bypass the guard
-- `start`: options read once into a plan, the folder's ops checked, one load
+- `start`: options read once into a plan (the folder read once, under its lock: `patching.run_folder`), one load
 - `verify`, `bench`, `demo`: the proving commands
 - `report`: every command's JSON document; `report_folder`, `user_files`: where reports and named files go
 

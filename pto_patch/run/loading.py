@@ -15,42 +15,24 @@ from typing import Any
 
 from pto_patch import __version__
 from pto_patch.errors import ModelFolderError
-from pto_patch.model.folder import ModelConfig
 from pto_patch.model.spec import ModelSpec
-from pto_patch.patching.config_fix import ROPE_KEYS, choose_mrope_section
-from pto_patch.patching.folder_kernels import import_folder_kernels
+from pto_patch.patching.folder_check import CheckedFolder
 from pto_patch.run.device import DeviceChoice, dtype_key, resolve_dtype, synchronize
-from pto_patch.run.folder_check import CheckedFolder, check_folder
 from pto_patch.run.hub_kernels import describe_hub_kernels, load_arguments
 from pto_patch.run.report import LoadInfo, OtherPatcher
-
-_ROPE_DATA_KEYS = ("head_dim", "hidden_size", "num_attention_heads", *ROPE_KEYS)
 
 
 def _text_config(config):
     return getattr(config, "text_config", None) or config
 
 
-def _rope_data(config) -> dict[str, Any]:
-    """What the mrope rule reads, from a loaded config and its text_config, shaped as config.json."""
-
-    def scope(obj) -> dict[str, Any]:
-        return {key: value for key in _ROPE_DATA_KEYS if (value := getattr(obj, key, None)) is not None}
-
-    data = scope(config)
-    if getattr(config, "text_config", None) is not None:
-        data["text_config"] = scope(config.text_config)
-    return data
-
-
-def fix_rope_config(config, spec: ModelSpec, config_path: Path = Path("config.json")) -> list[str]:
-    """The reference's fix: make sure every rope dict the attention may read carries the mrope_section
-    that `config_fix.choose_mrope_section` picks.
+def fix_rope_config(config, section: list[int]) -> list[str]:
+    """The reference's fix: every rope dict the attention may read carries `section` (the plan's, from the
+    folder's config.json: `model.rope_section`).
 
     4.x reads `rope_scaling["mrope_section"]`, 5.x `rope_parameters["mrope_section"]` (5.20+ silently
     defaults to [16, 24, 24], wrong for any other head size).
     """
-    section = choose_mrope_section(ModelConfig(Path(config_path), b"", _rope_data(config)), spec)
     fixes = []
     scopes = [config] + ([config.text_config] if getattr(config, "text_config", None) is not None else [])
     for scope in scopes:
@@ -124,25 +106,16 @@ def load_model(
     device: DeviceChoice,
     dtype_name: str,
     *,
-    use_pto: bool,
-    allow_modified: bool,
+    checked: CheckedFolder,
+    rope_section: list[int],
+    kernels=None,
     hub_kernels: bool = False,
-    checked: CheckedFolder | None = None,
 ) -> LoadedModel:
-    """Check the folder (unless `checked`: a planned run's folder, decided in its plan), import its kernel
-    package, and load the model once (remote code, eager attention, hub kernels only with `hub_kernels`:
-    see `pto_patch.run.hub_kernels`)."""
+    """Load the model in `folder` once (remote code, eager attention, hub kernels only with `hub_kernels`:
+    see `pto_patch.run.hub_kernels`), from what its caller read of the folder: its patch state
+    (`checked`), the MRoPE section its config.json calls for (`model.rope_section`) and, for a PTO run,
+    its own kernel package (`kernels`, `patching.folder_kernels`: imported before the modeling code)."""
     torch_dtype = resolve_dtype(dtype_name)
-    state = (
-        checked
-        if checked is not None
-        else check_folder(folder, use_pto=use_pto, allow_modified=allow_modified)
-    )
-    kernels = None
-    if use_pto:
-        kernels = import_folder_kernels(folder)
-        kernels.disable()
-        kernels.reset_stats()
 
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -152,7 +125,7 @@ def load_model(
     started = time.perf_counter()
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-        rope_fixes = fix_rope_config(config, spec, folder / "config.json")
+        rope_fixes = fix_rope_config(config, rope_section)
         model, info = AutoModelForImageTextToText.from_pretrained(
             folder,
             config=config,
@@ -197,7 +170,7 @@ def load_model(
         load_s=load_s,
         load_info=load_info,
         rope_fixes=rope_fixes,
-        state=state,
+        state=checked,
         kernels=kernels,
     )
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS, ModelSpec, OpsAsked, default_run_ops, parse_ops
-from pto_patch.run.folder_check import CheckedFolder
+from pto_patch.model.spec import BLOCK_OPS, BLOCKS, OPS
 from pto_patch.run.report import OpReport
 
 KERNEL_BACKENDS = ("auto", "pypto", "npu", "torch", "fused")
@@ -85,15 +84,6 @@ def tuned_choice(
             row["backend"] = backend
         rows.append(row)
     return rows
-
-
-def candidate_ops(asked: OpsAsked, spec: ModelSpec, state: CheckedFolder) -> tuple[str, ...]:
-    """Every op a run may switch on: --ops, else those apply patched in (decided once, in the run's plan)."""
-    if asked.every_patched and state.patched_ops:
-        return tuple(op for op in OPS if op in state.patched_ops)  # all: every op patched in
-    if asked.named is not None:
-        return asked.named
-    return default_run_ops(state.patched_ops or parse_ops(None, spec))
 
 
 def choose_ops(

@@ -26,11 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import ModelFolderError
-from pto_patch.patching.fileio import sha256_file
 from pto_patch.patching.manifest import MANIFEST_DIR
-from pto_patch.patching.overlay_record import record_of
-from pto_patch.patching.patch_state import PatchState
+from pto_patch.patching.originals import Originals
 from pto_patch.run import progress
 from pto_patch.run.device import empty_cache, synchronize
 from pto_patch.run.judging import ReferenceGeneration, TraceRecorder
@@ -39,39 +36,9 @@ from pto_patch.run.loading import LoadedModel
 VIEW_SUFFIX = "-unpatched"  # the view's folder name: transformers names a folder's remote code after it
 
 
-def _original_entries(folder: Path, state: PatchState) -> tuple[dict[str, Path], set[str]] | Path:
-    """For an in-place patch: (path -> where its original bytes lie, for modified files; added paths).
-    For an overlay: its source folder."""
-    if not state.patched:
-        raise ModelFolderError(
-            f"{folder} is not patched: there is no unpatched model to take as the reference apart from itself",
-            f"run `pto-patch apply --model-path {folder}` first",
-        )
-    manifest = state.manifest
-    overlay = record_of(folder, manifest)
-    if overlay is not None:
-        return Path(overlay.source)
-    modified: dict[str, Path] = {}
-    added: set[str] = set()
-    for record in manifest.files:
-        if record.action == "added":
-            added.add(record.path)
-            continue
-        if record.symlink_target is not None:
-            modified[record.path] = (folder / record.path).parent / record.symlink_target
-            continue
-        backup = folder / record.backup if record.backup else None
-        if backup is None or not backup.is_file() or sha256_file(backup) != record.sha256_before:
-            raise ModelFolderError(
-                f"{folder}: the backup of {record.path} is missing or not what stood there before apply, "
-                "so the unpatched model cannot be rebuilt as the reference",
-                f"run `pto-patch status --model-path {folder}`; a folder downloaded again and patched again has one",
-            )
-        modified[record.path] = backup
-    return modified, added
-
-
-def _link_tree(source: Path, target: Path, prefix: str, modified: dict[str, Path], added: set[str]) -> None:
+def _link_tree(
+    source: Path, target: Path, prefix: str, modified: dict[str, Path], added: frozenset[str]
+) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for entry in sorted(os.listdir(source)):
         relative = f"{prefix}{entry}"
@@ -93,19 +60,18 @@ def _link_tree(source: Path, target: Path, prefix: str, modified: dict[str, Path
 
 
 @contextmanager
-def unpatched_view(folder: Path, state: PatchState) -> Iterator[Path]:
+def unpatched_view(folder: Path, originals: Originals) -> Iterator[Path]:
     """A temporary folder that holds `folder` as it was before apply (links, no copies), removed after;
-    `state`: the folder's patch state, as its caller decided it (a run's plan: `patching.patch_state`)."""
+    `originals`: where its files before apply lie, as its caller read them (a run's plan:
+    `patching.originals.original_files`)."""
     folder = Path(folder).resolve()
-    originals = _original_entries(folder, state)
-    if isinstance(originals, Path):  # an overlay: its source is the unpatched model
-        yield originals
+    if originals.source is not None:  # an overlay: its source is the unpatched model
+        yield originals.source
         return
-    modified, added = originals
     holder = Path(tempfile.mkdtemp(prefix="pto-patch-reference-"))
     try:
         view = holder / f"{folder.name}{VIEW_SUFFIX}"
-        _link_tree(folder, view, "", modified, added)
+        _link_tree(folder, view, "", originals.modified, originals.added)
         yield view
     finally:
         shutil.rmtree(holder, ignore_errors=True)
@@ -139,6 +105,8 @@ class Reference:
     @property
     def loaded(self) -> LoadedModel:
         if self._loaded is None:
+            from pto_patch.model.rope_section import folder_mrope_section
+            from pto_patch.patching.folder_check import check_folder
             from pto_patch.run import loading
 
             progress.phase("loading the unpatched model (the reference)")
@@ -147,8 +115,8 @@ class Reference:
                 self.view,
                 self.device,
                 self.dtype,
-                use_pto=False,
-                allow_modified=False,
+                checked=check_folder(self.view, use_pto=False, allow_modified=False),
+                rope_section=folder_mrope_section(self.view, self.spec),
             )
         return self._loaded
 
@@ -211,7 +179,7 @@ def open_reference(plan) -> Iterator[Reference]:
     # the folder's state is the plan's (half-patched, drifted or unpatched folders were refused there)
     with folder_lock.shared(plan.folder):
         plan.check_unchanged()
-        with unpatched_view(plan.folder, plan.checked.patch) as view:
+        with unpatched_view(plan.folder, plan.originals) as view:
             reference = Reference(plan.spec, plan.device, plan.options.dtype, view)
             try:
                 yield reference

@@ -4,7 +4,7 @@ once.
 A run's options are read in one pass (`plan_run`), before anything loads: every value checked, `--image`,
 the device, `--ops` parsed, the model folder named and the ops it must hold. The folder's patch state is
 decided there once, under its lock, with the ops the run may switch on and the folder's files as they were
-(`run.folder_watch`): the reference and the load take them from the plan, and refuse to go on if a file
+(`patching.folder_watch`): the reference and the load take them from the plan, and refuse to go on if a file
 changed since (a restore, an apply, an edit). The rest of the run reads the frozen `RunPlan` and never
 parses an option or decides the folder's state again.
 
@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import EXIT_USAGE, ModelFolderError, PtoPatchError
-from pto_patch.model.spec import OPS, ModelSpec, OpsAsked, load_spec
+from pto_patch.errors import ModelFolderError
+from pto_patch.model.spec import ModelSpec, OpsAsked, load_spec
 from pto_patch.patching import folder_lock
-from pto_patch.patching.patch_state import PatchState, patch_state
+from pto_patch.patching.folder_check import CheckedFolder
+from pto_patch.patching.folder_watch import FolderState, named
+from pto_patch.patching.originals import Originals
+from pto_patch.patching.run_folder import read_for_run
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
-from pto_patch.run.folder_check import CheckedFolder, check_folder
-from pto_patch.run.folder_watch import FolderState, named
 from pto_patch.run.inputs import check_image
 from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
-from pto_patch.run.op_choice import candidate_ops
 from pto_patch.run.options import RunOptions, check_option_values
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
 from pto_patch.run.report_folder import check_report_place
@@ -52,6 +52,9 @@ class RunPlan:
     checked: CheckedFolder  # the folder's patch state, decided once
     watched: FolderState  # the folder's files when it was checked: a change after that fails the run
     may_switch_on: tuple[str, ...]  # every op the run may switch on (--use_dynamic_config: a subset a batch)
+    originals: Originals | None = None  # where the files before apply lie (a run with a reference)
+    kernels: Any = None  # the folder's own pto_kernels, switched off (a PTO run)
+    rope_section: list[int] | None = None  # the MRoPE section its config.json calls for
     usage: Any = None  # what the command's own usage checks returned (plan_run's `usage_checks`)
 
     def check_unchanged(self) -> None:
@@ -72,12 +75,14 @@ def plan_run(
     use_pto: bool,
     report_file: Path | None = None,
     usage_checks: Callable[[Path], Any] | None = None,
+    reference: bool = False,
 ) -> RunPlan:
     """Usage errors first (every option value, --image), the device, the report's place; then the spec,
-    `--ops` read once, the folder's name; the command's own usage checks that need the folder
-    (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`); then,
-    under the folder's lock, its inputs, the ops it must hold and its patch state, decided once. Nothing
-    loads."""
+    `--ops` read once, the folder's name and inputs; the command's own usage checks that need the folder
+    (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`) and
+    --output_length against the model's positions; then the folder read once, under its lock
+    (`patching.run_folder`: the ops it must hold, its patch state, its files and, with
+    `reference` (a run that rebuilds the unpatched model), where its originals lie). Nothing loads."""
     from pto_patch.model.folder import check_folder_auto_map, check_model_inputs, resolve_model_folder
 
     check_option_values(options, batch)
@@ -89,46 +94,33 @@ def plan_run(
     spec = load_spec(options.model)
     asked = OpsAsked.read(options.ops, spec)
     folder = resolve_model_folder(options.model_path, spec)
+    # every file a load reads fit to be read (each replaced whole by apply and restore, so read unlocked),
+    # and config.json's auto_map importing nothing from outside the folder, nothing fetched
+    check_model_inputs(folder)
+    check_folder_auto_map(folder, spec)
     if report_file is not None:
         inputs = {"--model": spec.source_path, "--image": options.image}
         check_target(Path(report_file), "--report-file", inputs, model_folder=folder)
     usage = usage_checks(folder) if usage_checks is not None else None
-    with folder_lock.shared(folder):  # a writer at work: stop at once, never read its half-written files
-        check_model_inputs(folder)
-        check_folder_auto_map(folder, spec)  # nothing imported from outside it, nothing fetched
-        check_output_length(options.output_length, folder)  # within max_position_embeddings
-        state = patch_state(folder)  # decided once: every later step reads it from the plan
-        if use_pto:
-            check_ops_patched(asked, folder, state)
-        # half-patched, drifted or (with use_pto) unpatched folders are refused here, with their own message
-        checked = check_folder(folder, use_pto=use_pto, allow_modified=options.allow_modified, state=state)
-        watched = FolderState.now(folder)
-    may_switch_on = candidate_ops(asked, spec, checked) if use_pto else ()
-    return RunPlan(
-        options, spec, folder, batch, use_pto, asked, device, checked, watched, may_switch_on, usage
+    check_output_length(options.output_length, folder)  # within max_position_embeddings
+    read = read_for_run(
+        folder, spec, asked, use_pto=use_pto, allow_modified=options.allow_modified, reference=reference
     )
-
-
-def check_ops_patched(asked: OpsAsked, folder: Path, state: PatchState) -> None:
-    """Refuse `--ops` naming an op the folder was not patched with (`all` means every patched op).
-    A folder that is not patched, or half patched, is left to the folder check, which says so."""
-    if asked.named is None or asked.every_patched:
-        return
-    wanted = asked.named
-    if not state.patched:
-        return
-    patched = tuple(state.manifest.ops)
-    missing = [op for op in wanted if op not in patched]
-    if not missing:
-        return
-    union = ",".join(op for op in OPS if op in patched or op in wanted)
-    present = [op for op in wanted if op in patched]
-    instead = f", or pass --ops {','.join(present)}" if present else ""
-    raise PtoPatchError(
-        f"{folder} is patched with {', '.join(patched)} only; --ops {', '.join(missing)} is not patched in",
-        f"run `pto-patch restore --model-path {folder}` then "
-        f"`pto-patch apply --model-path {folder} --ops {union}`{instead}",
-        exit_code=EXIT_USAGE,
+    return RunPlan(
+        options,
+        spec,
+        folder,
+        batch,
+        use_pto,
+        asked,
+        device,
+        read.checked,
+        read.watched,
+        read.may_switch_on,
+        read.originals,
+        read.kernels,
+        read.rope_section,
+        usage,
     )
 
 
@@ -139,7 +131,7 @@ class StartedRun:
     loaded: LoadedModel
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    folder_state: FolderState | None = None  # the folder as the plan checked it (run/folder_watch)
+    folder_state: FolderState | None = None  # the folder as the plan checked it (patching/folder_watch)
 
     def folder_changes(self) -> list[str]:
         """A failure naming what changed in the folder since it loaded (a restore, an edit), or none."""
@@ -158,10 +150,10 @@ def start_run(plan: RunPlan) -> StartedRun:
             plan.folder,
             plan.device,
             options.dtype,
-            use_pto=plan.use_pto,
-            allow_modified=options.allow_modified,
-            hub_kernels=options.hub_kernels,
             checked=plan.checked,
+            rope_section=plan.rope_section,
+            kernels=plan.kernels,
+            hub_kernels=options.hub_kernels,
         )
     warnings: list[str] = []
     if loaded.state.modified_files:

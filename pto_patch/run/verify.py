@@ -72,7 +72,9 @@ def verify_model(options: VerifyOptions) -> VerifyReport:
     """The unpatched model eagerly (the reference), then the patched one in the asked mode with its kernels
     off and on, each judged at every step against the reference; then both modes timed."""
     use_pto = compares(options)
-    plan = plan_run(options, batch=options.batch, use_pto=use_pto, report_file=options.report_file)
+    plan = plan_run(
+        options, batch=options.batch, use_pto=use_pto, report_file=options.report_file, reference=use_pto
+    )
     reference_run = reference_info = None
     single = description = None
     if use_pto:

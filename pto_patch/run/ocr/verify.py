@@ -334,6 +334,7 @@ def run_ocr_verify(options: VerifyOptions, ocr: OcrOptions) -> OcrVerifyReport:
         options,
         batch=1,
         use_pto=use_pto,
+        reference=use_pto,
         usage_checks=lambda folder: (
             check_weights(saved, folder, ocr.other_weights) if saved is not None else None
         ),
