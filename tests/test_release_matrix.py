@@ -53,6 +53,7 @@ facts["manifest_release"] = manifest.transformers_release
 facts["manifest_source"] = manifest.source
 
 from transformers import AutoModelForImageTextToText, Qwen2_5_VLForConditionalGeneration
+from pto_patch.model.injections_found import guarded_in_folder
 from pto_patch.model.spec import load_spec
 from pto_patch.run.hub_kernels import load_arguments
 from pto_patch.run.patchers import find_other_patchers
@@ -65,7 +66,8 @@ patched, info = AutoModelForImageTextToText.from_pretrained(
 )
 stock = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(folder), attn_implementation="eager", **dtype)
 # Anything a release does at load that sets a forward or replaces a patched function shows here.
-facts["other_patchers"] = [p.to_json() for p in find_other_patchers(patched, load_spec("gutenocr_3b"))]
+spec = load_spec("gutenocr_3b")
+facts["other_patchers"] = [p.to_json() for p in find_other_patchers(patched, spec, guarded_in_folder(folder, spec))]
 facts["forwards_after_load"] = sorted(
     {f"{type(m).__name__}.forward from {getattr(type(m).forward, '__module__', '?')}" for m in patched.modules()
      if type(m).__name__.endswith(("RMSNorm", "MLP")) and "forward" not in m.__dict__}

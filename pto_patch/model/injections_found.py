@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-from pto_patch.model.spec import SWITCHES
+from pto_patch.model.spec import SWITCHES, ModelSpec
 
 KERNEL_MODULE = "pto_kernels"
 
@@ -114,3 +115,14 @@ def find_injections(source: str, switches: dict[str, str] | None = None) -> dict
         if switch in switches:
             found.setdefault(switches[switch], []).append(target)
     return found
+
+
+def guarded_in_folder(folder: Path, spec: ModelSpec) -> dict[str, list[str]]:
+    """{op: [target]} for every guard of the spec's ops in the folder's modeling file (the source a load
+    imports: what carried guards when apply wrote it, so a forward replaced after the import still counts);
+    none where the folder holds no such file or no source that parses (the load says why)."""
+    try:
+        source = (Path(folder) / spec.modeling_file).read_text(encoding="utf-8")
+        return find_injections(source, {injection.switch: op for op, injection in spec.injections.items()})
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return {}

@@ -1,13 +1,14 @@
 """What a run reads of its model folder: once, under the folder's lock, before anything loads.
 
-A run's plan (`run.start.plan_run`) hands the folder here once its inputs are checked
-(`model.folder.check_model_inputs`). Its patch state is decided; a folder that may not run is refused (interrupted, unpatched, drifted,
-an overlay whose source changed, `--ops` naming an op not patched in); the files' state is taken
-(`folder_watch`); for a run with a reference, where the files before apply lie (`originals`); for a PTO
-run, the folder's own kernel package is imported (`folder_kernels`); the MRoPE section config.json calls
-for is read (`model.rope_section`); and the ops the run may switch on are chosen. The run goes on from
-the returned `RunFolder`: the load reads the checkpoint through transformers, and the folder's state is
-read again only to check that nothing changed.
+A run's plan (`run.start.plan_run`) hands the folder here. The files a load reads are checked first (fit
+to be read, config.json's auto_map inside the folder); its patch state is decided; a folder that may not
+run is refused (interrupted, unpatched, drifted, an overlay whose source changed, `--ops` naming an op not
+patched in); the files' state is taken (`folder_watch`); for a run with a reference, where the files
+before apply lie (`originals`); for a PTO run, the folder's own kernel package is imported
+(`folder_kernels`); the MRoPE section config.json calls for and the guards its modeling file holds are
+read; and the ops the run may switch on are chosen. The run goes on from the returned `RunFolder`: the
+load reads the checkpoint through transformers, and the folder's state is read again only to check that
+nothing changed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
+from pto_patch.model.folder import check_folder_auto_map, check_model_inputs
+from pto_patch.model.injections_found import guarded_in_folder
 from pto_patch.model.rope_section import folder_mrope_section
 from pto_patch.model.spec import OPS, ModelSpec, OpsAsked
 from pto_patch.patching import folder_lock
@@ -34,15 +37,19 @@ class RunFolder:
     originals: Originals | None  # where the files before apply lie (a run with a reference), else None
     kernels: Any  # the folder's own pto_kernels, switched off (a PTO run), else None
     rope_section: list[int]  # the MRoPE section its config.json calls for (`model.rope_section`)
+    guard_sites: dict[str, list[str]]  # {op: [class or function]} guarded in its modeling file
     may_switch_on: tuple[str, ...]  # every op the run may switch on (none without a PTO run)
 
 
 def read_for_run(
     folder: Path, spec: ModelSpec, asked: OpsAsked, *, use_pto: bool, allow_modified: bool, reference: bool
 ) -> RunFolder:
-    """The folder's patch state and files, read under its shared lock (a writer at work: stop at
+    """The folder's patch state, files and inputs, read under its shared lock (a writer at work: stop at
     once, never read its half-written files); `reference`: the run rebuilds the unpatched model."""
     with folder_lock.shared(folder):
+        # a bad input is the user's to fix, whatever the folder's patch state: named first
+        check_model_inputs(folder)  # every file a load reads fit to be read
+        check_folder_auto_map(folder, spec)  # nothing imported from outside it, nothing fetched
         state = patch_state(folder)
         if use_pto:
             check_ops_patched(asked, folder, state)
@@ -52,8 +59,9 @@ def read_for_run(
         originals = original_files(folder, state) if reference else None
         kernels = _switched_off(import_folder_kernels(folder)) if use_pto else None
         rope_section = folder_mrope_section(folder, spec)
+        guard_sites = guarded_in_folder(folder, spec)
     may_switch_on = asked.may_switch_on(spec, checked.patched_ops) if use_pto else ()
-    return RunFolder(checked, watched, originals, kernels, rope_section, may_switch_on)
+    return RunFolder(checked, watched, originals, kernels, rope_section, guard_sites, may_switch_on)
 
 
 def _switched_off(kernels):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import sys
-from pathlib import Path
 
 from pto_patch.model.spec import ModelSpec
 from pto_patch.run.report import OtherPatcher
@@ -85,21 +84,16 @@ def _describe(function) -> str:
     return f"{getattr(function, '__module__', None) or '?'}.{name}"
 
 
-def _guard_targets(module, switches: dict[str, str]) -> dict[str, list[str]]:
+def _guard_targets(
+    module, switches: dict[str, str], guard_sites: dict[str, list[str]]
+) -> dict[str, list[str]]:
     """{name: [op]} for each class or function of the patched module that carried guards when apply wrote
-    it (a decoder layer carries one per block): read from the module's source (so a forward replaced since
-    still counts), and by behaviour."""
-    from pto_patch.model.injections_found import find_injections
-
+    it (a decoder layer carries one per block): as its source holds them (`guard_sites`, read from the
+    folder's modeling file: a forward replaced since still counts), and by behaviour."""
     targets: dict[str, list[str]] = {}
-    try:
-        source = Path(module.__file__).read_text(encoding="utf-8")
-    except (OSError, TypeError, AttributeError):
-        source = None
-    if source is not None:
-        for op, names in find_injections(source, switches).items():
-            for name in names:
-                targets.setdefault(name, []).append(op)
+    for op, names in guard_sites.items():
+        for name in names:
+            targets.setdefault(name, []).append(op)
     for name, value in vars(module).items():
         function = value.__dict__.get("forward") if isinstance(value, type) else value
         for op in sorted(guarded_ops(function, switches)):
@@ -108,8 +102,9 @@ def _guard_targets(module, switches: dict[str, str]) -> dict[str, list[str]]:
     return targets
 
 
-def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
-    """Every place in the loaded model where something other than the injected guard runs for an op.
+def find_other_patchers(model, spec: ModelSpec, guard_sites: dict[str, list[str]]) -> list[OtherPatcher]:
+    """Every place in the loaded model where something other than the injected guard runs for an op;
+    `guard_sites`: the guards the folder's modeling file holds (`model.injections_found.guarded_in_folder`).
 
     Run-time patchers (Liger's `model=` path, Hugging Face `kernels`' kernelize) set `forward` on
     module instances; others replace a class's `forward` or a module-level function after import.
@@ -120,7 +115,7 @@ def find_other_patchers(model, spec: ModelSpec) -> list[OtherPatcher]:
     module = sys.modules.get(type(model).__module__)
     if module is None:
         return []
-    targets = _guard_targets(module, switches)
+    targets = _guard_targets(module, switches, guard_sites)
     classes = {
         value: targets[name]
         for name, value in vars(module).items()

@@ -55,6 +55,7 @@ class RunPlan:
     originals: Originals | None = None  # where the files before apply lie (a run with a reference)
     kernels: Any = None  # the folder's own pto_kernels, switched off (a PTO run)
     rope_section: list[int] | None = None  # the MRoPE section its config.json calls for
+    guard_sites: dict[str, list[str]] = field(default_factory=dict)  # {op: [target]} its modeling file guards
     usage: Any = None  # what the command's own usage checks returned (plan_run's `usage_checks`)
 
     def check_unchanged(self) -> None:
@@ -78,12 +79,12 @@ def plan_run(
     reference: bool = False,
 ) -> RunPlan:
     """Usage errors first (every option value, --image), the device, the report's place; then the spec,
-    `--ops` read once, the folder's name and inputs; the command's own usage checks that need the folder
+    `--ops` read once, the folder's name; the command's own usage checks that need the folder
     (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`) and
     --output_length against the model's positions; then the folder read once, under its lock
-    (`patching.run_folder`: the ops it must hold, its patch state, its files and, with
+    (`patching.run_folder`: its inputs, the ops it must hold, its patch state, its files and, with
     `reference` (a run that rebuilds the unpatched model), where its originals lie). Nothing loads."""
-    from pto_patch.model.folder import check_folder_auto_map, check_model_inputs, resolve_model_folder
+    from pto_patch.model.folder import resolve_model_folder
 
     check_option_values(options, batch)
     if options.image is not None:
@@ -94,10 +95,6 @@ def plan_run(
     spec = load_spec(options.model)
     asked = OpsAsked.read(options.ops, spec)
     folder = resolve_model_folder(options.model_path, spec)
-    # every file a load reads fit to be read (each replaced whole by apply and restore, so read unlocked),
-    # and config.json's auto_map importing nothing from outside the folder, nothing fetched
-    check_model_inputs(folder)
-    check_folder_auto_map(folder, spec)
     if report_file is not None:
         inputs = {"--model": spec.source_path, "--image": options.image}
         check_target(Path(report_file), "--report-file", inputs, model_folder=folder)
@@ -120,6 +117,7 @@ def plan_run(
         read.originals,
         read.kernels,
         read.rope_section,
+        read.guard_sites,
         usage,
     )
 
@@ -167,7 +165,7 @@ def start_run(plan: RunPlan) -> StartedRun:
             + ", ".join(loaded.state.source_changed)
         )
     failures = load_failures(loaded.load_info)
-    loaded.other_patchers = find_other_patchers(loaded.model, plan.spec)
+    loaded.other_patchers = find_other_patchers(loaded.model, plan.spec, plan.guard_sites)
     more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, plan.may_switch_on)
     # the folder as the plan checked it: a change after that (meanwhile or after the load) fails the run
     return StartedRun(loaded, failures + more_failures, warnings + more_warnings, plan.watched)
