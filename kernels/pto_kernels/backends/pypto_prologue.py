@@ -1,6 +1,7 @@
 """PyPTO 0.2 kernels of the attention prologue, one kernel a call: the input RMSNorm (folded into the q/k/v
-weights), the q/k/v projections with their biases and MRoPE; and its one-row form that writes the decode
-step's k and v into transformers' static KV cache (and advances the layer's length) in the same kernel.
+weights), the q/k/v projections with their biases and MRoPE; and its decode-step form (one row a sequence, up
+to 16 sequences) that writes the step's k and v into transformers' static KV cache (and advances the layer's
+length) in the same kernel.
 
 Beside pypto_blocks.py (the other decoder-layer blocks), whose tilings and notes on the cost model it shares;
 pypto.py hands its entries to the dispatcher.
@@ -452,8 +453,8 @@ def attention_prologue_mixed(
 def attention_prologue_cached(*args):
     """attention_prologue (reference.attention_prologue_cached's arguments) that also writes k and v into a
     static cache at the given position and, with `advance`, advances the position by the row, in the same
-    kernel: q. The kernel writes one row (batch-1 decode); a batch runs the prologue's kernel, then the
-    writes (and the advance, once) as transformers makes them."""
+    kernel: q. The kernel writes one row a sequence at up to DECODE_MAX_ROWS sequences; a larger batch runs
+    the prologue's kernel, then the writes (and the advance, once) as transformers makes them."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, mrope_section, head_dim) = prologue_args
     if x.shape[0] > DECODE_MAX_ROWS:  # past the decode tiling: the prologue's kernel, then torch's writes
@@ -465,7 +466,8 @@ def attention_prologue_cached(*args):
 
 
 def attention_prologue_mixed_cached(*args):
-    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel (batch 1)."""
+    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel (up to
+    DECODE_MAX_ROWS sequences)."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, head_dim) = prologue_args
     if x.shape[0] > DECODE_MAX_ROWS:
