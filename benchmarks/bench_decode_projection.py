@@ -13,8 +13,8 @@ each of `--batches` (default 1: B sequences decode one token each, B rows throug
   model's bandwidth; nothing is estimated;
 - the final RMSNorm (1 x 2048) and the lm_head as one plain matmul kernel (2048 -> 151,936), simulated.
 Over the static cache a captured step decodes over, the blocks' prologue is the kernel that also writes
-the step's k and v into the cache and advances the layer's length (`attention_prologue_cached`, simulated;
-transformers' cache update does not run). Those are the package's kernels, and the headline. A blocks step
+the step's k and v into the cache and advances the layer's length (`attention_prologue_cached`, simulated
+at B rows, one a sequence, at every batch up to 16; transformers' cache update does not run). Those are the package's kernels, and the headline. A blocks step
 dispatches more (`--launches`, 131): a few dozen per-step ops (embedding, rotary tables, mask, lengths),
 torch's, which the cost model cannot run. A
 last line adds them, each at the span of a small PyPTO kernel that writes one cache's new rows
@@ -44,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_sim  # noqa: E402  (beside this script)
+import bench_sim  # noqa: E402  (beside this script; puts the kernel package on the path)
+from pto_kernels.tiling.tile_table import DECODE_MAX_ROWS  # noqa: E402
 
 LAYERS = 36
 VOCAB = 151_936
@@ -54,7 +55,8 @@ LAUNCH_US = 16.8  # pypto-gym: one 1x2048 PyPTO RMSNorm kernel on a 910B, end to
 # over (--cache static, transformers 5.25.0; 129 under 5.8.1, 138 under 4.57.6: 3 a layer under each, the
 # prologue writing the cache and advancing a 5.8+ layer's length), the baseline over the growing one
 STEP_LAUNCHES = {"blocks": 131, "baseline": 1461}
-# at batch > 1 over the static cache: what the package's cached prologue (one row) leaves to torch, a layer
+# past the batches the package's cached prologue takes (DECODE_MAX_ROWS sequences) over the static cache:
+# the cache update it leaves to torch, a layer (two index_copy_, the length's add_)
 CACHE_UPDATE_OPS = 3
 FINAL = [("rms_norm", {"width": bench_sim.TEXT}), ("linear", {"out": VOCAB, "in": bench_sim.TEXT})]
 CONTEXTS = (1024, 4096)
@@ -65,9 +67,10 @@ def kernels_to_simulate(rows: int, contexts=CONTEXTS) -> list[tuple[str, dict]]:
     wanted = []
     cores = [("attention_core", {"context": c, "batch": rows, "rows": 1}) for c in contexts]
     others = [("kv_cache_write", {"context": contexts[0]})]  # the proxy for the kernels not ours
-    # over the static cache at batch 1 the prologue writes the step's k and v itself (its cache's length does
-    # not change its work: simulated once); at a batch the cache update is kv_cache_write's proxy
-    cached = [("attention_prologue_cached", {"context": contexts[0]})] if rows == 1 else []
+    # over the static cache the prologue writes the step's k and v itself, at `rows` sequences (its cache's
+    # length does not change its work: simulated once); past the batches it takes, the plain prologue runs
+    # and the cache update is kv_cache_write's proxy
+    cached = [("attention_prologue_cached", {"context": contexts[0]})] if prologue_writes_cache(rows) else []
     kernels = bench_sim.LAYER_KERNELS["fused"] + bench_sim.LAYER_KERNELS["per_op"] + FINAL + cores + others
     kernels += cached
     for op, params in kernels:
@@ -75,6 +78,12 @@ def kernels_to_simulate(rows: int, contexts=CONTEXTS) -> list[tuple[str, dict]]:
         if entry not in wanted:
             wanted.append(entry)
     return wanted
+
+
+def prologue_writes_cache(batch: int) -> bool:
+    """Whether the package's cached prologue writes a decode step's k and v at this batch (one kernel); past
+    it, the plain prologue, then torch's cache update."""
+    return batch <= DECODE_MAX_ROWS
 
 
 def weight_floor_ms(soc: dict) -> float:
@@ -101,13 +110,14 @@ def project(
     attention_us = spans_us[f"attention_core_{context}"]
     variants = {}
     for variant, kernels in bench_sim.LAYER_KERNELS.items():
-        # a captured step decodes over the static cache: at batch 1 the blocks' prologue is the one writing it;
-        # at a batch the package runs the prologue kernel at B rows, then the cache update it leaves to torch
-        # (each sequence's k and v rows, two index_copy_, and the 5.8+ layer's length, one add_), each counted
-        # at the span of the small kernel that writes one cache's new rows (kv_cache_write, simulated at B rows)
-        cached = variant == "fused" and batch == 1
+        # a captured step decodes over the static cache: the blocks' prologue is the one writing it, at B rows
+        # (one a sequence); past the batches it takes, the package runs the prologue kernel at B rows, then the
+        # cache update it leaves to torch (each sequence's k and v rows, two index_copy_, and the 5.8+ layer's
+        # length, one add_), each counted at the span of the small kernel that writes one cache's new rows
+        # (kv_cache_write, simulated at B rows)
+        cached = variant == "fused" and prologue_writes_cache(batch)
         layer_us = sum(spans_us[_key(op, params, cached=cached)] for op, params in kernels)
-        cache_update = CACHE_UPDATE_OPS if variant == "fused" and batch > 1 else 0
+        cache_update = CACHE_UPDATE_OPS if variant == "fused" and not cached else 0
         layer_us += cache_update * spans_us["kv_cache_write"]
         step_us = LAYERS * (layer_us + attention_us) + norm_us + lm_head_us
         # the layer's kernels, its cache update and its attention core; norm, lm_head
@@ -119,8 +129,9 @@ def project(
             "eager_modeled_launches_ms": round((step_us + modeled * launch_us) / 1e3, 3),
         }
     blocks = variants["fused"]
-    # the step's launches as counted at batch 1, and at a batch the cache update's ops besides
-    step_launches = launches["blocks"] + (LAYERS * CACHE_UPDATE_OPS if batch > 1 else 0)
+    # the step's launches as counted at batch 1 (3 a layer), and past the cached prologue's batches the cache
+    # update's ops besides
+    step_launches = launches["blocks"] + (0 if prologue_writes_cache(batch) else LAYERS * CACHE_UPDATE_OPS)
     blocks["eager_all_launches_ms"] = round(
         (blocks["captured_ms"] * 1e3 + step_launches * launch_us) / 1e3, 3
     )

@@ -322,19 +322,19 @@ def _sim_block(op: str, params: dict, config) -> None:
             torch.empty_like(x),
             torch.empty_like(x),
         )
-    elif op == "attention_prologue_cached":  # 1 row; k and v into a static cache at a position read inside
+    elif op == "attention_prologue_cached":  # a row a sequence; k, v into the cache at a position read inside
         context, q_width = params["context"], Q_HEADS * HEAD_DIM
         kernel = pypto_prologue._build_attention_prologue_cached(
-            TEXT, Q_HEADS, K_HEADS, HEAD_DIM, context, bf16, bf16, eps, config, "sim", advance=True
+            rows, TEXT, Q_HEADS, K_HEADS, HEAD_DIM, context, bf16, bf16, eps, config, "sim", advance=True
         )  # as transformers 5.8+ runs it: the layer's length advanced in the kernel
         weights = [torch.randn(n, TEXT, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
         biases = [torch.randn(1, n, dtype=bf16) for n in (q_width, KV_WIDTH, KV_WIDTH)]
-        cos = torch.randn(1, HEAD_DIM, dtype=bf16)
+        cos = torch.randn(rows, HEAD_DIM, dtype=bf16)
         position = torch.tensor([context - 1]).view(torch.int32).reshape(1, 2)
-        caches = [torch.zeros(K_HEADS * context, HEAD_DIM, dtype=bf16) for _ in "kv"]
+        caches = [torch.zeros(rows, K_HEADS * context * HEAD_DIM, dtype=bf16) for _ in "kv"]
         kernel(
             x, weights[0], biases[0], weights[1], biases[1], weights[2], biases[2], cos, cos.clone(),
-            position, *caches, torch.empty(1, q_width, dtype=bf16), position,
+            position, *caches, torch.empty(rows, q_width, dtype=bf16), position,
         )  # fmt: skip
     else:
         kernel = pypto_prologue._build_attention_prologue(

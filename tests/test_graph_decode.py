@@ -510,16 +510,24 @@ def test_the_projection_sums_spans_captured_and_adds_launches_eager():
     assert at_batch_8["weight_and_kv_floor_ms"] == pytest.approx(
         out["weight_floor_ms"] + 8 * kv_floor_ms, abs=2e-3
     )
-    # at a batch the package's prologue does not write the cache: the plain prologue at B rows, then torch's
-    # two index_copy_ and the length's add_, each at the proxy's span, three more kernels a layer
+    # at a batch the package's cached prologue writes every sequence's k and v at B rows: its span (simulated at
+    # 8 rows), no cache update of torch's, 3 kernels a layer as at batch 1
     batch_8 = at_batch_8["variants"]["fused"]
-    batch_8_us = 36 * (20.0 + 120.0 + 3 * 1.5 + attention) + 2.0 + 350.0
+    batch_8_us = 36 * (21.0 + 120.0 + attention) + 2.0 + 350.0
     assert batch_8["captured_ms"] == pytest.approx(batch_8_us / 1e3, abs=1e-3)
-    assert batch_8["modeled_kernels"] == 36 * 6 + 2
-    assert batch_8["eager_all_launches_ms"] == pytest.approx(
-        (batch_8_us + (200 + 108) * 10.0) / 1e3, abs=1e-3
-    )
+    assert batch_8["modeled_kernels"] == 36 * 3 + 2
+    assert batch_8["eager_all_launches_ms"] == pytest.approx((batch_8_us + 200 * 10.0) / 1e3, abs=1e-3)
     assert batch_8["other_kernels"] == 90
+    # past the batches it takes (16 sequences) the plain prologue at B rows, then torch's two index_copy_
+    # and the length's add_, each at the proxy's span: three more kernels a layer
+    batch_17 = projection.project(spans, 1024, 10.0, {"blocks": 200, "baseline": 1000}, soc, batch=17)
+    batch_17 = batch_17["variants"]["fused"]
+    batch_17_us = 36 * (20.0 + 120.0 + 3 * 1.5 + attention) + 2.0 + 350.0
+    assert batch_17["captured_ms"] == pytest.approx(batch_17_us / 1e3, abs=1e-3)
+    assert batch_17["modeled_kernels"] == 36 * 6 + 2
+    assert batch_17["eager_all_launches_ms"] == pytest.approx(
+        (batch_17_us + (200 + 108) * 10.0) / 1e3, abs=1e-3
+    )
     assert at_batch_8["captured_blocks_tokens_per_s"] == pytest.approx(8e3 / batch_8["captured_ms"], rel=1e-3)
     assert out["captured_blocks_tokens_per_s"] == pytest.approx(1e3 / blocks["captured_ms"], rel=1e-3)
 
@@ -530,10 +538,14 @@ def test_the_projection_simulates_the_core_at_each_batch_one_row_a_sequence():
     cores = [params for op, params in kernels if op == "attention_core"]
     assert cores == [{"rows": 1, "context": 1024, "batch": 8}, {"rows": 1, "context": 4096, "batch": 8}]
     assert all(params["rows"] == 8 for op, params in kernels if op != "attention_core")
-    # the one-row cached prologue is the batch-1 step's only: a batch runs the plain one and the cache update
-    assert "attention_prologue_cached" not in [op for op, _ in kernels]
-    assert {"attention_prologue", "kv_cache_write"} <= {op for op, _ in kernels}
-    assert "attention_prologue_cached" in [op for op, _ in projection.kernels_to_simulate(rows=1)]
+    # the cached prologue at every batch up to 16, at its B rows; past it the plain one and the cache update
+    for rows in (1, 8, 16):
+        cached = [
+            p for op, p in projection.kernels_to_simulate(rows=rows) if op == "attention_prologue_cached"
+        ]
+        assert cached == [{"rows": rows, "context": 1024}], rows
+    past = [op for op, _ in projection.kernels_to_simulate(rows=17)]
+    assert "attention_prologue_cached" not in past and {"attention_prologue", "kv_cache_write"} <= set(past)
 
 
 # --- tune measures replays too --------------------------------------------------------------------

@@ -31,6 +31,8 @@ CASES.append(("bfloat16", "prefill"))
 # kernel's 16-row tile holding 8 valid rows)
 TAIL_WIDTHS = (224, 240)  # (hidden, intermediate): 2 x 96 + 32 columns; 2 x 112 + 16
 TAIL_SHAPES = {"decode": (1, 1), "batch8": (8, 1)}
+# the cached prologue at a batch (one new row a sequence): 4 sequences, and the most the decode tiling takes
+CACHED_BATCHES = {"batch4": (4, 1), "batch16": (16, 1)}
 
 
 def _randn(gen, *shape, dtype, scale=1.0, offset=0.0):
@@ -42,7 +44,7 @@ def make_inputs(
 ) -> dict:
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, dtype_name)
-    batch, seq = (SHAPES | TAIL_SHAPES)[shape_name]
+    batch, seq = (SHAPES | TAIL_SHAPES | CACHED_BATCHES)[shape_name]
     hidden, inter = widths
     head_dim, section = HEADS[dtype_name]
     q_width, kv_width = Q_HEADS * head_dim, K_HEADS * head_dim
@@ -153,8 +155,11 @@ def main(out_path: str) -> None:
             }
         results |= prologue_probes(make_inputs("bfloat16", "decode", 403))
         results |= cached_prologues(make_inputs("bfloat16", "decode", 404))
+        results |= cached_prologues_at_a_batch(make_inputs("bfloat16", "batch4", 409), "batch4")
+        results |= cached_prologues_at_a_batch(make_inputs("bfloat16", "batch16", 410), "batch16")
         results |= dispatched(make_inputs("float32", "rows6", 402))
         results |= dispatched_into_cache(make_inputs("bfloat16", "decode", 405))
+        results |= dispatched_into_cache(make_inputs("bfloat16", "batch4", 411), "batch4")
     stats = pypto_runtime.kernel_stats()
     torch.save({"results": results, "seconds": seconds, "stats": stats}, out_path)
 
@@ -199,6 +204,48 @@ def cached_prologues(i: dict) -> dict:
             "advance": advance,
             "position_after": position,
             "output": (q, *caches),
+        }
+    return out
+
+
+def _launches(op: str) -> int:
+    """Calls of `op`'s pypto kernels so far: kernels built plus cache hits."""
+    stats = pypto_runtime.kernel_stats().get(op, {})
+    return stats.get("built", 0) + stats.get("cache_hits", 0)
+
+
+def cached_prologues_at_a_batch(i: dict, batch: str) -> dict:
+    """The cached prologue at a batch (one new row a sequence, every sequence at the same position, as
+    transformers' static cache writes them) on NaN-filled caches: with `advance` through the sectioned entry
+    (a 5.8+ layer's length), without through the mixed one (4.57's cache_position). Records which pypto
+    kernels each call launched: the cached one alone, or the plain prologue's (then torch's writes)."""
+    out = {}
+    head_dim, batch_size = i["head_dim"], i["hidden_states"].shape[0]
+    projections = (i["q_weight"], i["q_bias"], i["k_weight"], i["k_bias"], i["v_weight"], i["v_bias"])
+    args = (i["hidden_states"], i["norm_weight"], EPS, *projections)
+    for case, at, advance in (("advance", 5, True), ("at", 3, False)):
+        caches = [
+            torch.full((batch_size, K_HEADS, CACHE_LEN, head_dim), float("nan"), dtype=torch.bfloat16)
+            for _ in "kv"
+        ]
+        position = torch.tensor([at])
+        before = {op: _launches(op) for op in ("attention_prologue", "attention_prologue_cached")}
+        if advance:
+            q = pypto_prologue.attention_prologue_cached(
+                *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position, advance
+            )
+        else:
+            cos, sin = mixed(i["cos"], i["section"]), mixed(i["sin"], i["section"])
+            q = pypto_prologue.attention_prologue_mixed_cached(
+                *args, cos, sin, head_dim, *caches, position, advance
+            )
+        out[f"attention_prologue_cached/{batch}-{case}"] = {
+            "inputs": i,
+            "position": at,
+            "advance": advance,
+            "position_after": position,
+            "output": (q, *caches),
+            "launches": {op: _launches(op) - n for op, n in before.items()},
         }
     return out
 
@@ -269,9 +316,10 @@ def dispatched(i: dict) -> dict:
     }
 
 
-def dispatched_into_cache(i: dict) -> dict:
+def dispatched_into_cache(i: dict, batch: str = "decode") -> dict:
     """attention_prologue_cache_wrapper with backend "pypto", strict, over the installed transformers'
-    StaticCache after a 5-position prefill: what a patched attention calls at a decode step."""
+    StaticCache after a 5-position prefill: what a patched attention calls at a decode step (of one
+    sequence, or of each sequence of a batch)."""
     import os
 
     import pto_kernels
@@ -287,7 +335,8 @@ def dispatched_into_cache(i: dict) -> dict:
         num_hidden_layers=1,
     )
     cache = StaticCache(config=config, max_cache_len=CACHE_LEN)
-    prefill = [torch.randn(1, K_HEADS, 5, head_dim).to(torch.bfloat16) for _ in "kv"]
+    batch_size = i["hidden_states"].shape[0]
+    prefill = [torch.randn(batch_size, K_HEADS, 5, head_dim).to(torch.bfloat16) for _ in "kv"]
     cache.update(*prefill, 0, {"cache_position": torch.arange(5)})
     layer = cache.layers[0]
     counter = getattr(layer, "cumulative_length", None)
@@ -305,14 +354,16 @@ def dispatched_into_cache(i: dict) -> dict:
         0,
     )
     before = pto_kernels.stats()["attention_prologue"]
+    launched = {op: _launches(op) for op in ("attention_prologue", "attention_prologue_cached")}
     with pto_kernels.enabled(("attention_prologue",), backend="pypto"):
         q, keys, values, written = pto_kernels.attention_prologue_cache_wrapper(
             attention, norm, i["hidden_states"], i["cos"], i["sin"], i["section"], cache, position
         )
         after = pto_kernels.stats()["attention_prologue"]
     served = {name: n - before["backends"].get(name, 0) for name, n in after["backends"].items()}
+    key = "dispatched/attention_prologue_cached" + ("" if batch == "decode" else f"/{batch}")
     return {
-        "dispatched/attention_prologue_cached": {
+        key: {
             "inputs": i,
             "prefill": prefill,
             "output": (q, keys.clone(), values.clone()),
@@ -320,6 +371,7 @@ def dispatched_into_cache(i: dict) -> dict:
             "backends": {name: n for name, n in served.items() if n},
             "cache_writes": after["cache_writes"] - before["cache_writes"],
             "length": int(layer.get_seq_length()) if position is None else None,
+            "launches": {op: _launches(op) - n for op, n in launched.items()},
         }
     }
 

@@ -141,15 +141,19 @@ def test_the_cost_models_plain_linear_kernel(results):
     gc.check_close(result["output"], x.double() @ weight.double().T, torch.bfloat16, "linear")
 
 
-def _check_cached(result: dict, position: int) -> None:
-    """q against float64; the caches hold k and v at `position` of each kv head and nothing anywhere else."""
+def _check_cached(result: dict, position: int, sequences=None) -> None:
+    """q against float64; the caches hold each sequence's k and v at `position` of each kv head and nothing
+    anywhere else. `sequences`: which sequence's expected rows each cache row is checked against (default:
+    its own)."""
     q, key_cache, value_cache = result["output"]
     q_want, k_want, v_want = prologue_expected(result["inputs"])
     gc.check_close(q, q_want, torch.bfloat16, "q")
+    batch, heads = key_cache.shape[:2]
+    order = list(range(batch)) if sequences is None else sequences
     for cache, want, what in ((key_cache, k_want, "k"), (value_cache, v_want, "v")):
         written = (~cache.isnan().all(-1)).nonzero().tolist()
-        assert written == [[0, head, position] for head in range(cache.shape[1])], f"{what} rows written"
-        gc.check_close(cache[:, :, position : position + 1], want, torch.bfloat16, what)
+        assert written == [[b, head, position] for b in range(batch) for head in range(heads)], f"{what} rows"
+        gc.check_close(cache[:, :, position : position + 1], want[order], torch.bfloat16, what)
 
 
 @pytest.mark.parametrize("case", ["counter", "scalar", "cache_position"])
@@ -192,6 +196,54 @@ def test_the_cached_check_fails_at_another_position(results):
     result = results["results"]["attention_prologue_cached/counter"]
     with pytest.raises(AssertionError):
         _check_cached(result, result["position"] - 1)
+
+
+BATCH_CASES = [f"{batch}-{case}" for batch in runner.CACHED_BATCHES for case in ("advance", "at")]
+
+
+@pytest.mark.parametrize("case", BATCH_CASES)
+def test_the_cached_prologue_at_a_batch_writes_each_sequences_rows_at_the_position(case, results):
+    """At 4 and 16 sequences, one kernel: q out, and each sequence's k and v into its own cache rows at the
+    batch's one position (transformers' static cache writes every sequence there), nothing else written;
+    the length advanced by one with advance, untouched without. No plain prologue kernel ran (whose k and v
+    torch's index_copy_ would then write)."""
+    result = results["results"][f"attention_prologue_cached/{case}"]
+    _check_cached(result, result["position"])
+    at = result["position"]
+    assert result["position_after"].tolist() == [at + 1 if result["advance"] else at]
+    assert result["launches"] == {"attention_prologue": 0, "attention_prologue_cached": 1}
+
+
+@pytest.mark.parametrize("batch", list(runner.CACHED_BATCHES))
+def test_the_batch_cached_check_fails_on_rows_in_another_sequence_or_position(batch, results):
+    """The check above fails where a sequence's rows landed in another sequence's cache (the expected rows
+    of the batch rotated by one sequence) or at another position."""
+    result = results["results"][f"attention_prologue_cached/{batch}-advance"]
+    rotated = [*range(1, runner.CACHED_BATCHES[batch][0]), 0]
+    with pytest.raises(AssertionError):
+        _check_cached(result, result["position"], sequences=rotated)
+    with pytest.raises(AssertionError):
+        _check_cached(result, result["position"] + 1)
+
+
+def test_the_cache_wrapper_runs_one_pypto_kernel_at_a_batch(results):
+    """A decode step of 4 sequences into the installed transformers' StaticCache (5 positions prefilled),
+    backend pypto, strict: the cached kernel alone wrote every sequence's new k and v at position 5, the
+    prefill kept, the rest zeros."""
+    result = results["results"]["dispatched/attention_prologue_cached/batch4"]
+    assert result["written"] and result["backends"] == {"pypto": 1} and result["cache_writes"] == 1
+    assert result["launches"] == {"attention_prologue": 0, "attention_prologue_cached": 1}
+    q, keys, values = result["output"]
+    q_want, k_want, v_want = prologue_expected(result["inputs"])
+    assert keys.shape[0] == 4
+    gc.check_close(q, q_want, torch.bfloat16, "q")
+    for cache, prefill, want, what in zip(
+        (keys, values), result["prefill"], (k_want, v_want), "kv", strict=True
+    ):
+        torch.testing.assert_close(cache[:, :, :5], prefill, rtol=0, atol=0)
+        gc.check_close(cache[:, :, 5:6], want, torch.bfloat16, what)
+        assert not cache[:, :, 6:].any(), f"{what}: rows past the new one written"
+    assert result["length"] in (None, 6)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "per_head", "one_task"])

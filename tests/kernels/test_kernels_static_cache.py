@@ -178,20 +178,24 @@ def test_one_rows_write_launches_what_transformers_update_does():
     torch.testing.assert_close(caches[0][:, :, 4:5], new[0], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("mixed", [False, True])
-def test_the_pypto_prologue_at_a_batch_runs_its_kernel_then_writes_and_advances_once(mixed, monkeypatch):
-    """The pypto cached kernel writes one row; at batch 3 the entry runs the prologue's own kernel (stood in
-    for here: the interpreter is slow) and then transformers' write, the length advanced once."""
+def _pypto_cached_entry_at(batch, mixed, monkeypatch):
+    """The pypto cached entry at `batch` sequences, its kernels stood in for (the interpreter is slow): the
+    caches handed to each _prologue call (None for the plain prologue), q, the caches and the position."""
     from pto_kernels.backends import pypto_prologue
 
-    batch, seen = 3, []
+    seen = []
 
     def prologue(x, *rest, cache=None):
         seen.append(cache)
+        if cache:  # the cached kernel: q alone, the writes its own (not stood in)
+            return torch.ones(batch, HEADS, 1, DIM)
         k = torch.full((batch, KV_HEADS, 1, DIM), 2.0)
         return torch.ones(batch, HEADS, 1, DIM), k, k + 1
 
-    monkeypatch.setattr(pypto_prologue, "_prologue", lambda *args: prologue(*args[:7], cache=args[7:]))
+    # _prologue(x, norm_w, eps, projections, cos, sin, head_dim[, cache])
+    monkeypatch.setattr(
+        pypto_prologue, "_prologue", lambda *args: prologue(*args[:7], cache=(args[7:] or [None])[0])
+    )
     monkeypatch.setattr(pypto_prologue, "_mixed_tables", lambda *args: (None, None))
     caches = [torch.zeros(batch, KV_HEADS, CACHE_LEN, DIM) for _ in "kv"]
     position = torch.tensor([5])
@@ -202,8 +206,29 @@ def test_the_pypto_prologue_at_a_batch_runs_its_kernel_then_writes_and_advances_
     entry = (
         pypto_prologue.attention_prologue_mixed_cached if mixed else pypto_prologue.attention_prologue_cached
     )
-    q = entry(*args)
-    assert seen == [()] and q.shape == (batch, HEADS, 1, DIM)  # the uncached kernel, once
+    return seen, entry(*args), caches, position
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("batch", [3, 16])
+def test_the_pypto_prologue_at_a_batch_runs_the_cached_kernel(batch, mixed, monkeypatch):
+    """At a batch the decode tiling takes (up to 16 sequences) the entry runs the cached kernel, once, on the
+    caches and the position: no plain prologue, no write or advance of torch's after it."""
+    seen, q, caches, position = _pypto_cached_entry_at(batch, mixed, monkeypatch)
+    ((key_cache, value_cache, at, advance),) = seen
+    assert key_cache is caches[0] and value_cache is caches[1] and at is position and advance is True
+    assert q.shape == (batch, HEADS, 1, DIM)
+    assert position.tolist() == [5] and not caches[0].any() and not caches[1].any()
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_pypto_prologue_past_the_decode_batches_runs_its_kernel_then_writes_and_advances_once(
+    mixed, monkeypatch
+):
+    """Past 16 sequences the entry runs the prologue's own kernel and then transformers' write, the length
+    advanced once."""
+    seen, q, caches, position = _pypto_cached_entry_at(17, mixed, monkeypatch)
+    assert seen == [None] and q.shape == (17, HEADS, 1, DIM)  # the uncached kernel, once
     assert position.tolist() == [6]  # advanced once
     assert (caches[0][:, :, 5] == 2).all() and (caches[1][:, :, 5] == 3).all()
     assert not caches[0][:, :, :5].any() and not caches[0][:, :, 6:].any()

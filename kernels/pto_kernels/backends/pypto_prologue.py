@@ -1,6 +1,7 @@
 """PyPTO 0.2 kernels of the attention prologue, one kernel a call: the input RMSNorm (folded into the q/k/v
-weights), the q/k/v projections with their biases and MRoPE; and its one-row form that writes the decode
-step's k and v into transformers' static KV cache (and advances the layer's length) in the same kernel.
+weights), the q/k/v projections with their biases and MRoPE; and its decode-step form (one row a sequence, up
+to 16 sequences) that writes the step's k and v into transformers' static KV cache (and advances the layer's
+length) in the same kernel.
 
 Beside pypto_blocks.py (the other decoder-layer blocks), whose tilings and notes on the cost model it shares;
 pypto.py hands its entries to the dispatcher.
@@ -12,7 +13,7 @@ import weakref
 import torch
 
 from ..tiling import tile_budget
-from ..tiling.tile_table import tile_config
+from ..tiling.tile_table import DECODE_MAX_ROWS, tile_config
 from . import fused, reference
 from . import pypto_runtime as runtime
 from .pypto_blocks import _block_tiles
@@ -120,18 +121,23 @@ class _ToOutputs:
 
 
 class _ToCache:
-    """Where the cached prologue's kernel writes: q to its output, each kv head's k and v row into the flat
-    static caches [kv_heads * cache_len, dim] at position `at` (a value read inside the kernel)."""
+    """Where the cached prologue's kernel writes: q to its output, each kv head's k and v rows into the static
+    caches at position `at` (a value read inside the kernel). Each cache is seen as one flat row a sequence,
+    [batch, kv_heads * cache_len * dim]: a kv head's rows of every sequence then land in one tiled
+    assemble, `batch` rows at the column of (head, at), rather than one untiled write a sequence."""
 
-    def __init__(self, q_out, key_cache, value_cache, at, heads, dim, cache_len):
+    def __init__(self, q_out, key_cache, value_cache, at, heads, dim, cache_len, rows):
         self.q_out, self.key_cache, self.value_cache, self.at = q_out, key_cache, value_cache, at
-        (self.q_heads, self.k_heads), self.dim, self.cache_len = heads, dim, cache_len
+        (self.q_heads, self.k_heads), self.dim, self.cache_len, self.rows = heads, dim, cache_len, rows
+
+    def _column(self, kv_head):
+        return (kv_head * self.cache_len + self.at) * self.dim
 
     def v(self, v):
         pypto, dim = runtime.pypto_module(), self.dim
         for kv_head in range(self.k_heads):
-            row = pypto.view(v, [1, dim], [0, kv_head * dim])
-            pypto.assemble(row, [kv_head * self.cache_len + self.at, 0], self.value_cache)
+            head = pypto.view(v, [self.rows, dim], [0, kv_head * dim])
+            pypto.assemble(head, [0, self._column(kv_head)], self.value_cache)
 
     def head(self, head, out1, out2):
         pypto, dim = runtime.pypto_module(), self.dim
@@ -139,51 +145,64 @@ class _ToCache:
             pypto.assemble(out1, [0, head * dim], self.q_out)
             pypto.assemble(out2, [0, head * dim + dim // 2], self.q_out)
             return
-        row = (head - self.q_heads) * self.cache_len + self.at
-        pypto.assemble(out1, [row, 0], self.key_cache)
-        pypto.assemble(out2, [row, dim // 2], self.key_cache)
+        column = self._column(head - self.q_heads)
+        pypto.assemble(out1, [0, column], self.key_cache)
+        pypto.assemble(out2, [0, column + dim // 2], self.key_cache)
 
 
 def _build_attention_prologue_cached(
-    hidden, q_heads, k_heads, dim, cache_len, dtype, table_dtype, eps, config, device_type, advance=False
+    rows,
+    hidden,
+    q_heads,
+    k_heads,
+    dim,
+    cache_len,
+    dtype,
+    table_dtype,
+    eps,
+    config,
+    device_type,
+    advance=False,
 ):
-    """attention_prologue's kernel for one row (batch-1 decode, the static `one_row` tiling) that writes its
-    k and v rows straight into a static KV cache instead of outputs: key_cache / value_cache
-    [kv_heads * cache_len, dim] (one sequence's [1, kv_heads, cache_len, dim] cache, flat), at the row
-    position[0, 0] (int32, read inside the kernel: the low word of transformers' int64 position); q out
-    as before. The cache write transformers makes next (two index_copy_ launches) is then done. With
-    `advance` the kernel also writes position + 1 into `length` (the caller passes the position itself:
-    transformers 5.8+'s StaticLayer counts its own length and advances it after each write, one more
-    launch otherwise); without, `length` is left as it is."""
+    """attention_prologue's kernel for a decode step, one row a sequence (`rows` sequences, one kernel per
+    batch size), that writes its k and v rows straight into a static KV cache instead of outputs:
+    key_cache / value_cache [rows, kv_heads * cache_len * dim] (the batch's [rows, kv_heads, cache_len, dim]
+    cache, one flat row a sequence), every sequence at the position position[0, 0] (int32, read inside the
+    kernel: the low word of transformers' int64 position, one for the whole batch); q out as before. The
+    cache write transformers makes next (two index_copy_ launches) is then done. With `advance` the kernel
+    also writes position + 1 into `length` (the caller passes the position itself: transformers 5.8+'s
+    StaticLayer counts its own length and advances it after each write, one more launch otherwise);
+    without, `length` is left as it is. All rows are one tile (rows <= DECODE_MAX_ROWS)."""
     pypto = runtime.pypto_module()
     dt, tdt = runtime.pypto_dtype(dtype), runtime.pypto_dtype(table_dtype)
-    q_width, kv_width = q_heads * dim, k_heads * dim
+    q_width, kv_width, cache_width = q_heads * dim, k_heads * dim, k_heads * cache_len * dim
     m, proj_k, proj_n, norm_rows = _block_tiles(config)
+    norm_rows = min(norm_rows, rows)
     epilogue = _prologue_epilogue(hidden, (q_heads, k_heads), dim, eps, norm_rows, config, dt)
 
     @runtime.jit(device_type, config)
     def attention_prologue_cached_kernel(
-        x: pypto.Tensor([1, hidden], dt),
+        x: pypto.Tensor([rows, hidden], dt),
         q_w: pypto.Tensor([q_width, hidden], dt),
         q_b: pypto.Tensor([1, q_width], dt),
         k_w: pypto.Tensor([kv_width, hidden], dt),
         k_b: pypto.Tensor([1, kv_width], dt),
         v_w: pypto.Tensor([kv_width, hidden], dt),
         v_b: pypto.Tensor([1, kv_width], dt),
-        cos: pypto.Tensor([1, dim], tdt),
-        sin: pypto.Tensor([1, dim], tdt),
+        cos: pypto.Tensor([rows, dim], tdt),
+        sin: pypto.Tensor([rows, dim], tdt),
         position: pypto.Tensor([1, 2], pypto.DT_INT32),
-        key_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
-        value_cache: pypto.Tensor([k_heads * cache_len, dim], dt),
-        q_out: pypto.Tensor([1, q_width], dt),
+        key_cache: pypto.Tensor([rows, cache_width], dt),
+        value_cache: pypto.Tensor([rows, cache_width], dt),
+        q_out: pypto.Tensor([rows, q_width], dt),
         length: pypto.Tensor([1, 2], pypto.DT_INT32),
     ):
         for _ in pypto.loop(1):
             at = position[0, 0]
-            xt = pypto.view(x, [1, hidden], [0, 0])
+            xt = pypto.view(x, [rows, hidden], [0, 0])
             pypto.set_cube_tile_shapes(m, proj_k, proj_n)
-            writer = _ToCache(q_out, key_cache, value_cache, at, (q_heads, k_heads), dim, cache_len)
-            epilogue(xt, (q_w, k_w, v_w), (q_b, k_b, v_b), (cos, sin, 0, 1, 1), writer)
+            writer = _ToCache(q_out, key_cache, value_cache, at, (q_heads, k_heads), dim, cache_len, rows)
+            epilogue(xt, (q_w, k_w, v_w), (q_b, k_b, v_b), (cos, sin, 0, rows, rows), writer)
             _advance_length(position, length, advance, scope=q_heads + k_heads + 2)
         pypto.set_pass_options(sg_set_scope=-1)  # a global option: leave it as found for the next kernel
 
@@ -334,15 +353,18 @@ def _prologue(hidden_states, norm_weight, eps, projections, cos, sin, head_dim, 
 
 
 def _prologue_into_cache(args, shape, config, cache):
-    """The cached kernel's call: one row (batch-1 decode) into a [1, kv_heads, cache_len, d] static cache
-    at the position its int64 tensor holds (read as the low int32 word inside the kernel), the position
-    advanced by one in the same kernel with `advance`. q [1, q_width]."""
+    """The cached kernel's call: one row a sequence (a decode step of `rows` sequences) into a
+    [rows, kv_heads, cache_len, d] static cache at the position its int64 tensor holds (read as the low int32
+    word inside the kernel), the position advanced by one in the same kernel with `advance`. q [rows, q_width]."""
     hidden, q_heads, k_heads, head_dim, dtype, table_dtype, eps, device_type = shape
     key_cache, value_cache, position, advance = cache
     x = args[0]
-    if x.shape[0] != 1 or not config.static:
-        raise ValueError(f"pypto attention_prologue writes a cache for one new row, not {x.shape[0]}")
-    expected = (1, k_heads, key_cache.shape[2], head_dim)
+    rows = x.shape[0]
+    if not 1 <= rows <= DECODE_MAX_ROWS:
+        raise ValueError(
+            f"pypto attention_prologue writes a cache for 1 to {DECODE_MAX_ROWS} rows, not {rows}"
+        )
+    expected = (rows, k_heads, key_cache.shape[2], head_dim)
     for name, tensor in (("key_cache", key_cache), ("value_cache", value_cache)):
         if tuple(tensor.shape) != expected or tensor.dtype != dtype or not tensor.is_contiguous():
             raise ValueError(
@@ -355,11 +377,13 @@ def _prologue_into_cache(args, shape, config, cache):
     # int64 positions are little-endian on every host and device pypto runs on: the low word comes first
     at = position.reshape(-1)[:1].view(torch.int32).reshape(1, 2)
     advance = bool(advance)
-    key = runtime.kernel_key("attention_prologue_cached", config, 1, *shape, cache_len, advance)
+    # one kernel per batch size (its rows are one static tile), whatever the config's row axis
+    key = ("attention_prologue_cached", rows, config, *shape, cache_len, advance)
     kernel = runtime.cached_kernel(
         key,
         device_type,
         lambda: _build_attention_prologue_cached(
+            rows,
             hidden,
             q_heads,
             k_heads,
@@ -373,8 +397,9 @@ def _prologue_into_cache(args, shape, config, cache):
             advance,
         ),
     )
-    q_out = runtime.new_output(x.new_empty(1, q_heads * head_dim))
-    flat = (key_cache.view(k_heads * cache_len, head_dim), value_cache.view(k_heads * cache_len, head_dim))
+    q_out = runtime.new_output(x.new_empty(rows, q_heads * head_dim))
+    cache_width = k_heads * cache_len * head_dim
+    flat = (key_cache.view(rows, cache_width), value_cache.view(rows, cache_width))
     with runtime.launching(x):
         kernel(*args, at, *flat, q_out, at)  # `length` is the position: advanced in place when asked
     return q_out
@@ -428,11 +453,11 @@ def attention_prologue_mixed(
 def attention_prologue_cached(*args):
     """attention_prologue (reference.attention_prologue_cached's arguments) that also writes k and v into a
     static cache at the given position and, with `advance`, advances the position by the row, in the same
-    kernel: q. The kernel writes one row (batch-1 decode); a batch runs the prologue's kernel, then the
-    writes (and the advance, once) as transformers makes them."""
+    kernel: q. The kernel writes one row a sequence at up to DECODE_MAX_ROWS sequences; a larger batch runs
+    the prologue's kernel, then the writes (and the advance, once) as transformers makes them."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, mrope_section, head_dim) = prologue_args
-    if x.shape[0] != 1:
+    if x.shape[0] > DECODE_MAX_ROWS:  # past the decode tiling: the prologue's kernel, then torch's writes
         return reference.prologue_cached(attention_prologue, args)
     mixed_cos, mixed_sin = _mixed_tables(x, cos, sin, mrope_section, head_dim)
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
@@ -441,10 +466,11 @@ def attention_prologue_cached(*args):
 
 
 def attention_prologue_mixed_cached(*args):
-    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel (batch 1)."""
+    """attention_prologue_cached with cos/sin already section-mixed, [b, s, head_dim]: one kernel (up to
+    DECODE_MAX_ROWS sequences)."""
     *prologue_args, key_cache, value_cache, position, advance = args
     (x, norm_w, eps, q_w, q_b, k_w, k_b, v_w, v_b, cos, sin, head_dim) = prologue_args
-    if x.shape[0] != 1:
+    if x.shape[0] > DECODE_MAX_ROWS:
         return reference.prologue_cached(attention_prologue_mixed, args)
     projections = ((q_w, q_b), (k_w, k_b), (v_w, v_b))
     cache = (key_cache, value_cache, position, advance)
