@@ -198,14 +198,20 @@ def cached_prologues(i: dict) -> dict:
             q = pypto_prologue.attention_prologue_cached(
                 *args, i["cos"], i["sin"], i["section"], head_dim, *caches, position, advance
             )
-        out[f"attention_prologue_cached/{case}"] = {
-            "inputs": i,
-            "position": at,
-            "advance": advance,
-            "position_after": position,
-            "output": (q, *caches),
-        }
+        out[f"attention_prologue_cached/{case}"] = _cached_record(i, at, advance, position, q, caches)
     return out
+
+
+def _cached_record(i: dict, at: int, advance: bool, position, q, caches) -> dict:
+    """What a cached prologue call is judged by: its inputs, the position it wrote at and whether it
+    advanced, the position tensor after, and q with both caches."""
+    return {
+        "inputs": i,
+        "position": at,
+        "advance": advance,
+        "position_after": position,
+        "output": (q, *caches),
+    }
 
 
 def _launches(op: str) -> int:
@@ -240,11 +246,7 @@ def cached_prologues_at_a_batch(i: dict, batch: str) -> dict:
                 *args, cos, sin, head_dim, *caches, position, advance
             )
         out[f"attention_prologue_cached/{batch}-{case}"] = {
-            "inputs": i,
-            "position": at,
-            "advance": advance,
-            "position_after": position,
-            "output": (q, *caches),
+            **_cached_record(i, at, advance, position, q, caches),
             "launches": {op: _launches(op) - n for op, n in before.items()},
         }
     return out

@@ -178,7 +178,12 @@ def test_the_cache_wrapper_runs_the_pypto_kernel_on_transformers_static_cache(re
     """A decode step into the installed transformers' StaticCache (5 positions prefilled), backend pypto,
     strict: one pypto call that wrote the cache; the new k and v at position 5, the prefill kept, the rest
     zeros; the layer's length advanced by one where the release keeps one."""
-    result = results["results"]["dispatched/attention_prologue_cached"]
+    _check_dispatched_write(results["results"]["dispatched/attention_prologue_cached"])
+
+
+def _check_dispatched_write(result) -> None:
+    """One pypto call that wrote the cache: q, the new k and v at position 5 of every sequence, the prefill
+    kept, the rest zeros; the layer's length advanced by one where the release keeps one."""
     assert result["written"] and result["backends"] == {"pypto": 1} and result["cache_writes"] == 1
     q, keys, values = result["output"]
     q_want, k_want, v_want = prologue_expected(result["inputs"])
@@ -231,19 +236,9 @@ def test_the_cache_wrapper_runs_one_pypto_kernel_at_a_batch(results):
     backend pypto, strict: the cached kernel alone wrote every sequence's new k and v at position 5, the
     prefill kept, the rest zeros."""
     result = results["results"]["dispatched/attention_prologue_cached/batch4"]
-    assert result["written"] and result["backends"] == {"pypto": 1} and result["cache_writes"] == 1
     assert result["launches"] == {"attention_prologue": 0, "attention_prologue_cached": 1}
-    q, keys, values = result["output"]
-    q_want, k_want, v_want = prologue_expected(result["inputs"])
-    assert keys.shape[0] == 4
-    gc.check_close(q, q_want, torch.bfloat16, "q")
-    for cache, prefill, want, what in zip(
-        (keys, values), result["prefill"], (k_want, v_want), "kv", strict=True
-    ):
-        torch.testing.assert_close(cache[:, :, :5], prefill, rtol=0, atol=0)
-        gc.check_close(cache[:, :, 5:6], want, torch.bfloat16, what)
-        assert not cache[:, :, 6:].any(), f"{what}: rows past the new one written"
-    assert result["length"] in (None, 6)
+    assert result["output"][1].shape[0] == 4
+    _check_dispatched_write(result)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "per_head", "one_task"])
