@@ -115,5 +115,5 @@ def test_an_unchanged_folder_goes_on_from_its_plan(patched_copy: Path):
 
     plan = plan_run(VerifyOptions(model_path=str(patched_copy)), batch=1, use_pto=True)
     plan.check_unchanged()  # nothing changed: no error
-    assert plan.checked.patched and plan.checked.patch is not None
-    assert plan.may_switch_on == ("rms_norm", "mrope", "swiglu_mlp")
+    assert plan.read.checked.patched and plan.read.checked.patch is not None
+    assert plan.read.may_switch_on == ("rms_norm", "mrope", "swiglu_mlp")

@@ -6,7 +6,7 @@ run is refused (interrupted, unpatched, drifted, an overlay whose source changed
 patched in); the files' state is taken (`folder_watch`); for a run with a reference, where the files
 before apply lie (`originals`); for a PTO run, the folder's own kernel package is imported
 (`folder_kernels`); the MRoPE section config.json calls for and the guards its modeling file holds are
-read; and the ops the run may switch on are chosen. The run goes on from the returned `RunFolder`: the
+read; and the ops the run may switch on are chosen. The run goes on from the returned `FolderRead`: the
 load reads the checkpoint through transformers, and the folder's state is read again only to check that
 nothing changed.
 """
@@ -31,7 +31,7 @@ from pto_patch.patching.patch_state import PatchState, patch_state
 
 
 @dataclass(frozen=True)
-class RunFolder:
+class FolderRead:
     checked: CheckedFolder  # the folder's patch state, decided once
     watched: FolderState  # the folder's files when it was checked: a change after that fails the run
     originals: Originals | None  # where the files before apply lie (a run with a reference), else None
@@ -43,7 +43,7 @@ class RunFolder:
 
 def read_for_run(
     folder: Path, spec: ModelSpec, asked: OpsAsked, *, use_pto: bool, allow_modified: bool, reference: bool
-) -> RunFolder:
+) -> FolderRead:
     """The folder's patch state, files and inputs, read under its shared lock (a writer at work: stop at
     once, never read its half-written files); `reference`: the run rebuilds the unpatched model."""
     with folder_lock.shared(folder):
@@ -61,7 +61,7 @@ def read_for_run(
         rope_section = folder_mrope_section(folder, spec)
         guard_sites = guarded_in_folder(folder, spec)
     may_switch_on = asked.may_switch_on(spec, checked.patched_ops) if use_pto else ()
-    return RunFolder(checked, watched, originals, kernels, rope_section, guard_sites, may_switch_on)
+    return FolderRead(checked, watched, originals, kernels, rope_section, guard_sites, may_switch_on)
 
 
 def _switched_off(kernels):

@@ -48,8 +48,8 @@ class OpChoice:
 def choose(plan, batch: int, *, use_dynamic_config: bool, lookup=None, requested=None) -> OpChoice:
     """The ops and backend for `batch` (plan: `run.start.RunPlan`; lookup: the folder's tuning, if used)."""
     switched_on, table = choose_ops(
-        plan.may_switch_on,
-        plan.checked.patched_ops,
+        plan.read.may_switch_on,
+        plan.read.checked.patched_ops,
         batch,
         use_dynamic_config,
         tuning=lookup.tuning if lookup else None,

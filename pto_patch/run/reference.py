@@ -179,7 +179,7 @@ def open_reference(plan) -> Iterator[Reference]:
     # the folder's state is the plan's (half-patched, drifted or unpatched folders were refused there)
     with folder_lock.shared(plan.folder):
         plan.check_unchanged()
-        with unpatched_view(plan.folder, plan.originals) as view:
+        with unpatched_view(plan.folder, plan.read.originals) as view:
             reference = Reference(plan.spec, plan.device, plan.options.dtype, view)
             try:
                 yield reference

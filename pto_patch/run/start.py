@@ -23,10 +23,8 @@ from typing import Any
 from pto_patch.errors import ModelFolderError
 from pto_patch.model.spec import ModelSpec, OpsAsked, load_spec
 from pto_patch.patching import folder_lock
-from pto_patch.patching.folder_check import CheckedFolder
 from pto_patch.patching.folder_watch import FolderState, named
-from pto_patch.patching.originals import Originals
-from pto_patch.patching.run_folder import read_for_run
+from pto_patch.patching.run_folder import FolderRead, read_for_run
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
 from pto_patch.run.inputs import check_image
@@ -49,19 +47,13 @@ class RunPlan:
     use_pto: bool  # whether a PTO mode runs
     ops: OpsAsked  # --ops, parsed
     device: DeviceChoice
-    checked: CheckedFolder  # the folder's patch state, decided once
-    watched: FolderState  # the folder's files when it was checked: a change after that fails the run
-    may_switch_on: tuple[str, ...]  # every op the run may switch on (--use_dynamic_config: a subset a batch)
-    originals: Originals | None = None  # where the files before apply lie (a run with a reference)
-    kernels: Any = None  # the folder's own pto_kernels, switched off (a PTO run)
-    rope_section: list[int] | None = None  # the MRoPE section its config.json calls for
-    guard_sites: dict[str, list[str]] = field(default_factory=dict)  # {op: [target]} its modeling file guards
+    read: FolderRead  # what was read of the folder, once, under its lock (`patching.run_folder`)
     usage: Any = None  # what the command's own usage checks returned (plan_run's `usage_checks`)
 
     def check_unchanged(self) -> None:
         """Refuse to go on (the reference, the load) when a file of the folder changed since the plan
         checked it: what the plan decided would not be what runs."""
-        changed = self.watched.changed()
+        changed = self.read.watched.changed()
         if changed:
             raise ModelFolderError(
                 f"{self.folder} changed since this run checked it ({named(changed)})",
@@ -103,23 +95,7 @@ def plan_run(
     read = read_for_run(
         folder, spec, asked, use_pto=use_pto, allow_modified=options.allow_modified, reference=reference
     )
-    return RunPlan(
-        options,
-        spec,
-        folder,
-        batch,
-        use_pto,
-        asked,
-        device,
-        read.checked,
-        read.watched,
-        read.may_switch_on,
-        read.originals,
-        read.kernels,
-        read.rope_section,
-        read.guard_sites,
-        usage,
-    )
+    return RunPlan(options, spec, folder, batch, use_pto, asked, device, read, usage)
 
 
 @dataclass
@@ -148,9 +124,9 @@ def start_run(plan: RunPlan) -> StartedRun:
             plan.folder,
             plan.device,
             options.dtype,
-            checked=plan.checked,
-            rope_section=plan.rope_section,
-            kernels=plan.kernels,
+            checked=plan.read.checked,
+            rope_section=plan.read.rope_section,
+            kernels=plan.read.kernels,
             hub_kernels=options.hub_kernels,
         )
     warnings: list[str] = []
@@ -165,7 +141,7 @@ def start_run(plan: RunPlan) -> StartedRun:
             + ", ".join(loaded.state.source_changed)
         )
     failures = load_failures(loaded.load_info)
-    loaded.other_patchers = find_other_patchers(loaded.model, plan.spec, plan.guard_sites)
-    more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, plan.may_switch_on)
+    loaded.other_patchers = find_other_patchers(loaded.model, plan.spec, plan.read.guard_sites)
+    more_failures, more_warnings = other_patcher_checks(loaded.other_patchers, plan.read.may_switch_on)
     # the folder as the plan checked it: a change after that (meanwhile or after the load) fails the run
-    return StartedRun(loaded, failures + more_failures, warnings + more_warnings, plan.watched)
+    return StartedRun(loaded, failures + more_failures, warnings + more_warnings, plan.read.watched)
