@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pto_patch.errors import EXIT_USAGE, ModelFolderError
+from pto_patch.errors import EXIT_USAGE, ModelFolderError, UsageError
 from pto_patch.model import hub_cache, input_files
 from pto_patch.model.spec import ModelSpec
 
@@ -143,4 +143,27 @@ def check_writable(folder: Path, command: str) -> None:
         raise ModelFolderError(
             f"{folder} is read-only, and {command} writes into it",
             f"copy the model folder somewhere writable (or get write permission), then run {command} again",
+        )
+
+
+def max_positions(folder: Path) -> int | None:
+    """The model's max_position_embeddings (its text_config's first), or None where it sets none."""
+    path = Path(folder) / "config.json"
+    try:
+        config = input_files.load_json(path, want_object=True)
+    except (input_files.UnreadableInput, OSError):
+        return None  # the folder check says why
+    for section in (config.get("text_config"), config):
+        if isinstance(section, dict) and type(section.get("max_position_embeddings")) is int:
+            return section["max_position_embeddings"]
+    return None
+
+
+def check_output_length(output_length: int, folder: Path) -> None:
+    limit = max_positions(folder)
+    if limit is not None and output_length > limit:
+        raise UsageError(
+            f"--output_length {output_length:,} is past the model's max_position_embeddings {limit:,}: "
+            "the cache holds the prompt and every new token",
+            f"pass --output_length {min(limit, 1024)} or less",
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import EXIT_USAGE, PtoPatchError
-from pto_patch.model.folder import check_folder_auto_map, check_model_inputs
+from pto_patch.model.folder import check_folder_auto_map, check_model_inputs, check_output_length
 from pto_patch.model.injections_found import guarded_in_folder
 from pto_patch.model.rope_section import folder_mrope_section
 from pto_patch.model.spec import OPS, ModelSpec, OpsAsked
@@ -42,7 +42,14 @@ class FolderRead:
 
 
 def read_for_run(
-    folder: Path, spec: ModelSpec, asked: OpsAsked, *, use_pto: bool, allow_modified: bool, reference: bool
+    folder: Path,
+    spec: ModelSpec,
+    asked: OpsAsked,
+    *,
+    output_length: int,
+    use_pto: bool,
+    allow_modified: bool,
+    reference: bool,
 ) -> FolderRead:
     """The folder's patch state, files and inputs, read under its shared lock (a writer at work: stop at
     once, never read its half-written files); `reference`: the run rebuilds the unpatched model."""
@@ -50,6 +57,7 @@ def read_for_run(
         # a bad input is the user's to fix, whatever the folder's patch state: named first
         check_model_inputs(folder)  # every file a load reads fit to be read
         check_folder_auto_map(folder, spec)  # nothing imported from outside it, nothing fetched
+        check_output_length(output_length, folder)  # within max_position_embeddings
         state = patch_state(folder)
         if use_pto:
             check_ops_patched(asked, folder, state)

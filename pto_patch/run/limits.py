@@ -15,7 +15,6 @@ Each a usage error (exit 2) in one line with a hint.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from pto_patch.errors import UsageError
@@ -54,29 +53,4 @@ def check_compile_values(options: Any) -> None:
         raise UsageError(
             f"--mode '{options.compile_mode}' is not a torch.compile mode",
             f"choose from: {', '.join(compile_modes())}",
-        )
-
-
-def max_positions(folder: Path) -> int | None:
-    """The model's max_position_embeddings (its text_config's first), or None where it sets none."""
-    from pto_patch.model import input_files
-
-    path = Path(folder) / "config.json"
-    try:
-        config = input_files.load_json(path, want_object=True)
-    except (input_files.UnreadableInput, OSError):
-        return None  # the folder check says why
-    for section in (config.get("text_config"), config):
-        if isinstance(section, dict) and type(section.get("max_position_embeddings")) is int:
-            return section["max_position_embeddings"]
-    return None
-
-
-def check_output_length(output_length: int, folder: Path) -> None:
-    limit = max_positions(folder)
-    if limit is not None and output_length > limit:
-        raise UsageError(
-            f"--output_length {output_length:,} is past the model's max_position_embeddings {limit:,}: "
-            "the cache holds the prompt and every new token",
-            f"pass --output_length {min(limit, 1024)} or less",
         )

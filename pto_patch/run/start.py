@@ -28,7 +28,6 @@ from pto_patch.patching.run_folder import FolderRead, read_for_run
 from pto_patch.run import loading, progress
 from pto_patch.run.device import DeviceChoice, resolve_device
 from pto_patch.run.inputs import check_image
-from pto_patch.run.limits import check_output_length
 from pto_patch.run.loading import LoadedModel, load_failures
 from pto_patch.run.options import RunOptions, check_option_values
 from pto_patch.run.patchers import find_other_patchers, other_patcher_checks
@@ -72,9 +71,9 @@ def plan_run(
 ) -> RunPlan:
     """Usage errors first (every option value, --image), the device, the report's place; then the spec,
     `--ops` read once, the folder's name; the command's own usage checks that need the folder
-    (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`) and
-    --output_length against the model's positions; then the folder read once, under its lock
-    (`patching.run_folder`: its inputs, the ops it must hold, its patch state, its files and, with
+    (`usage_checks(folder)`: its output places, its saved answers; what it returns is `plan.usage`); then
+    the folder read once, under its lock (`patching.run_folder`: its inputs, --output_length against the
+    model's positions, the ops it must hold, its patch state, its files and, with
     `reference` (a run that rebuilds the unpatched model), where its originals lie). Nothing loads."""
     from pto_patch.model.folder import resolve_model_folder
 
@@ -91,9 +90,14 @@ def plan_run(
         inputs = {"--model": spec.source_path, "--image": options.image}
         check_target(Path(report_file), "--report-file", inputs, model_folder=folder)
     usage = usage_checks(folder) if usage_checks is not None else None
-    check_output_length(options.output_length, folder)  # within max_position_embeddings
     read = read_for_run(
-        folder, spec, asked, use_pto=use_pto, allow_modified=options.allow_modified, reference=reference
+        folder,
+        spec,
+        asked,
+        output_length=options.output_length,
+        use_pto=use_pto,
+        allow_modified=options.allow_modified,
+        reference=reference,
     )
     return RunPlan(options, spec, folder, batch, use_pto, asked, device, read, usage)
 
